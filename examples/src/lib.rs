@@ -1,0 +1,4 @@
+//! The example order service's events, and (with the publish and consume paths) the
+//! service, relay and consumer built on them.
+
+pub mod events;

@@ -1,0 +1,73 @@
+//! Transactional outbox for PostgreSQL and Kafka.
+//!
+//! A service appends an event in the same PostgreSQL transaction as the business change; a
+//! relay publishes it to Kafka at least once, in order per aggregate; a consumer's inbox
+//! applies it once, in the same transaction as its effect. This crate is the one users
+//! depend on.
+//!
+//! # Event contracts
+//!
+//! ```
+//! use outbox_runtime::OutboxEvent;
+//! use schemars::JsonSchema;
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize, JsonSchema, OutboxEvent)]
+//! #[outbox(event_type = "order.confirmed", schema_version = 1, aggregate = "order", topic = "orders")]
+//! pub struct OrderConfirmed {
+//!     #[outbox(aggregate_id)]
+//!     pub order_id: u64,
+//!     pub total_cents: i64,
+//! }
+//!
+//! let event = OrderConfirmed { order_id: 7, total_cents: 1250 };
+//! assert_eq!(OrderConfirmed::EVENT_TYPE, "order.confirmed");
+//! assert_eq!(event.aggregate_id(), "7");
+//! assert!(outbox_runtime::registry::events().iter().any(|e| e.rust_type.ends_with("::OrderConfirmed")));
+//! ```
+//!
+//! Attributes on the struct (all required):
+//!
+//! | key | meaning |
+//! |---|---|
+//! | `event_type = "order.confirmed"` | lowercase dotted words; the CloudEvents `type` |
+//! | `schema_version = 1` | positive integer; bump it for a change that is not FULL compatible |
+//! | `aggregate = "order"` | the kind of entity the event belongs to |
+//! | `topic = "orders"` | the Kafka topic it is published to |
+//! | `crate = "path"` | optional: where `outbox_runtime` is, when re-exported under another name |
+//!
+//! and `#[outbox(aggregate_id)]` on exactly one field, whose `Display` form becomes the
+//! Kafka record key. `schema_version` versions the *contract*; the entity's own sequence
+//! number is the separate `aggregate_version` given at append time.
+//!
+//! The [`schema`] module generates the JSON Schemas, checks committed ones, and judges
+//! compatibility between two schemas.
+
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![warn(missing_docs)]
+
+// Lets the derive's `::outbox_runtime::...` paths resolve inside this crate's own tests.
+#[allow(unused_extern_crates)]
+extern crate self as outbox_runtime;
+
+mod event;
+pub mod registry;
+pub mod schema;
+
+pub use event::OutboxEvent;
+#[cfg(feature = "derive")]
+pub use outbox_macros::OutboxEvent;
+
+/// Implementation details used by code that `#[derive(OutboxEvent)]` generates. Not public
+/// API: anything here may change in any release.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::registry::EventDescriptor;
+    pub use inventory;
+
+    /// The aggregate id's string form (its `Display`).
+    #[inline]
+    pub fn aggregate_id_string<T: core::fmt::Display + ?Sized>(value: &T) -> String {
+        value.to_string()
+    }
+}

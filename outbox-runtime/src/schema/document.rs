@@ -1,0 +1,277 @@
+//! A JSON Schema document read from somewhere, checked to be a schema whose `$ref`s all
+//! resolve, so that comparing two of them never meets bad input halfway.
+
+use std::fmt;
+
+use serde_json::Value;
+
+/// Why a document could not be used as a schema. Every variant names its source.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InputError {
+    /// The file could not be read.
+    #[error("{source_name}: cannot read: {error}")]
+    Unreadable {
+        /// The file.
+        source_name: String,
+        /// The I/O error.
+        error: std::io::Error,
+    },
+    /// The text is not JSON.
+    #[error("{source_name}: not JSON: {error}")]
+    NotJson {
+        /// The file.
+        source_name: String,
+        /// The parse error, with line and column.
+        error: serde_json::Error,
+    },
+    /// The JSON is not a JSON Schema.
+    #[error("{source_name}: not a JSON Schema: at {pointer}: {reason}")]
+    NotASchema {
+        /// The file.
+        source_name: String,
+        /// JSON pointer of the offending value (`""` is the root).
+        pointer: String,
+        /// What is wrong there.
+        reason: String,
+    },
+    /// A `$ref` points nowhere inside the document.
+    #[error("{source_name}: unresolvable $ref {reference:?} at {pointer} (only references inside the document, like \"#/$defs/Name\", are supported)")]
+    UnresolvableRef {
+        /// The file.
+        source_name: String,
+        /// JSON pointer of the `$ref`.
+        pointer: String,
+        /// The reference as written.
+        reference: String,
+    },
+}
+
+/// A validated JSON Schema document.
+#[derive(Clone, PartialEq)]
+pub struct SchemaDoc {
+    name: String,
+    root: Value,
+}
+
+impl fmt::Debug for SchemaDoc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SchemaDoc").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+/// Keywords whose value is one schema.
+const SCHEMA_KEYWORDS: &[&str] = &[
+    "additionalProperties",
+    "unevaluatedProperties",
+    "additionalItems",
+    "unevaluatedItems",
+    "contains",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+];
+/// Keywords whose value is an array of schemas.
+const SCHEMA_ARRAY_KEYWORDS: &[&str] = &["allOf", "anyOf", "oneOf", "prefixItems"];
+/// Keywords whose value is an object of schemas.
+const SCHEMA_MAP_KEYWORDS: &[&str] =
+    &["properties", "patternProperties", "$defs", "definitions", "dependentSchemas"];
+const TYPE_NAMES: &[&str] = &["null", "boolean", "object", "array", "number", "string", "integer"];
+
+impl SchemaDoc {
+    /// Reads and validates the file at `path`; errors name the file.
+    pub fn from_file(path: &std::path::Path) -> Result<Self, InputError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|error| InputError::Unreadable { source_name: name.clone(), error })?;
+        Self::from_str(&name, &text)
+    }
+
+    /// Parses and validates `text`; `name` is used in error messages.
+    pub fn from_str(name: &str, text: &str) -> Result<Self, InputError> {
+        let root: Value = serde_json::from_str(text)
+            .map_err(|error| InputError::NotJson { source_name: name.to_owned(), error })?;
+        Self::from_value(name, root)
+    }
+
+    /// Validates an already parsed document.
+    pub fn from_value(name: &str, root: Value) -> Result<Self, InputError> {
+        let doc = SchemaDoc { name: name.to_owned(), root };
+        doc.validate(&doc.root, &mut String::new())?;
+        Ok(doc)
+    }
+
+    /// The name errors and reports use (usually the file path).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The document.
+    pub fn root(&self) -> &Value {
+        &self.root
+    }
+
+    /// Follows a local `$ref` (`#`, `#/$defs/X`, `#/definitions/X`, any JSON pointer).
+    pub(crate) fn resolve(&self, reference: &str) -> Option<&Value> {
+        let pointer = reference.strip_prefix('#')?;
+        if pointer.is_empty() {
+            return Some(&self.root);
+        }
+        self.root.pointer(&percent_decode(pointer))
+    }
+
+    fn not_a_schema(&self, pointer: &str, reason: impl Into<String>) -> InputError {
+        InputError::NotASchema {
+            source_name: self.name.clone(),
+            pointer: pointer.to_owned(),
+            reason: reason.into(),
+        }
+    }
+
+    fn validate(&self, node: &Value, pointer: &mut String) -> Result<(), InputError> {
+        let obj = match node {
+            Value::Bool(_) => return Ok(()),
+            Value::Object(obj) => obj,
+            other => {
+                return Err(self.not_a_schema(
+                    pointer,
+                    format!("a schema is an object or a boolean, found {}", kind(other)),
+                ))
+            }
+        };
+        for (key, value) in obj {
+            let len = pointer.len();
+            pointer.push('/');
+            pointer.push_str(&escape(key));
+            match key.as_str() {
+                "$ref" => {
+                    let Value::String(reference) = value else {
+                        return Err(self.not_a_schema(pointer, "$ref must be a string"));
+                    };
+                    if self.resolve(reference).is_none() {
+                        return Err(InputError::UnresolvableRef {
+                            source_name: self.name.clone(),
+                            pointer: pointer.clone(),
+                            reference: reference.clone(),
+                        });
+                    }
+                }
+                "type" => {
+                    let ok = match value {
+                        Value::String(t) => TYPE_NAMES.contains(&t.as_str()),
+                        Value::Array(ts) => {
+                            ts.iter().all(|t| t.as_str().is_some_and(|t| TYPE_NAMES.contains(&t)))
+                        }
+                        _ => false,
+                    };
+                    if !ok {
+                        return Err(self.not_a_schema(
+                            pointer,
+                            format!("type must be one of {TYPE_NAMES:?} or an array of them, found {value}"),
+                        ));
+                    }
+                }
+                "required"
+                    if !value.as_array().is_some_and(|names| names.iter().all(Value::is_string)) => {
+                        return Err(self.not_a_schema(pointer, "required must be an array of property names"));
+                    }
+                "enum"
+                    if !value.is_array() => {
+                        return Err(self.not_a_schema(pointer, "enum must be an array"));
+                    }
+                "items" => match value {
+                    // Draft 7 tuples: an array of schemas.
+                    Value::Array(items) => self
+                        .validate_each(items.iter().enumerate().map(|(i, v)| (i.to_string(), v)), pointer)?,
+                    other => self.validate(other, pointer)?,
+                },
+                k if SCHEMA_KEYWORDS.contains(&k) => self.validate(value, pointer)?,
+                k if SCHEMA_ARRAY_KEYWORDS.contains(&k) => {
+                    let Value::Array(items) = value else {
+                        return Err(self.not_a_schema(pointer, format!("{k} must be an array of schemas")));
+                    };
+                    self.validate_each(items.iter().enumerate().map(|(i, v)| (i.to_string(), v)), pointer)?;
+                }
+                k if SCHEMA_MAP_KEYWORDS.contains(&k) => {
+                    let Value::Object(map) = value else {
+                        return Err(self.not_a_schema(pointer, format!("{k} must be an object of schemas")));
+                    };
+                    self.validate_each(map.iter().map(|(k, v)| (escape(k), v)), pointer)?;
+                }
+                "minimum" | "maximum" | "exclusiveMinimum" | "exclusiveMaximum" | "multipleOf"
+                    if !value.is_number() => {
+                        return Err(self.not_a_schema(pointer, format!("{key} must be a number")));
+                    }
+                "minLength" | "maxLength" | "minItems" | "maxItems" | "minProperties" | "maxProperties"
+                    if value.as_u64().is_none() => {
+                        return Err(
+                            self.not_a_schema(pointer, format!("{key} must be a non-negative integer"))
+                        );
+                    }
+                "format" | "pattern"
+                    if !value.is_string() => {
+                        return Err(self.not_a_schema(pointer, format!("{key} must be a string")));
+                    }
+                _ => {}
+            }
+            pointer.truncate(len);
+        }
+        Ok(())
+    }
+
+    fn validate_each<'v>(
+        &self,
+        items: impl Iterator<Item = (String, &'v Value)>,
+        pointer: &mut String,
+    ) -> Result<(), InputError> {
+        for (segment, value) in items {
+            let len = pointer.len();
+            pointer.push('/');
+            pointer.push_str(&segment);
+            self.validate(value, pointer)?;
+            pointer.truncate(len);
+        }
+        Ok(())
+    }
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// JSON pointer escaping of one segment.
+fn escape(segment: &str) -> String {
+    segment.replace('~', "~0").replace('/', "~1")
+}
+
+/// `$ref`s are URI fragments: undo percent-encoding (`%24defs` is `$defs`).
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let (Some(hi), Some(lo)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push(hi << 4 | lo);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out).unwrap_or_else(|_| s.to_owned())
+}
+
+fn hex(b: u8) -> Option<u8> {
+    char::from(b).to_digit(16).and_then(|d| u8::try_from(d).ok())
+}

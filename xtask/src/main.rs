@@ -1,0 +1,39 @@
+//! `cargo xtask`: the project's chores as one command line. Each command lives in its own
+//! module and is a thin layer over library functions users can call from their own xtask.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+// Linked for its registered events.
+use outbox_examples as _;
+
+mod schema;
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Chores of the outbox workspace", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Event JSON Schemas: generate, check, compare.
+    #[command(subcommand)]
+    Schema(schema::SchemaCommand),
+}
+
+/// The workspace root (where `schemas/` lives).
+pub(crate) fn project_root() -> PathBuf {
+    let xtask_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    xtask_dir.parent().map(PathBuf::from).unwrap_or(xtask_dir)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Schema(cmd) => schema::run(cmd),
+    }
+}
