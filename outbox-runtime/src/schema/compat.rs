@@ -480,6 +480,18 @@ fn finite_values(node: &Node<'_>) -> Option<Vec<Value>> {
     None
 }
 
+/// The single value a property schema allows (`const` or a one-value `enum`): a tag.
+fn tag_of(doc: &SchemaDoc, v: &Value) -> Option<Value> {
+    let v = match v.get("$ref").and_then(Value::as_str) {
+        Some(r) => doc.resolve(r)?,
+        None => v,
+    };
+    v.get("const").cloned().or_else(|| match v.get("enum") {
+        Some(Value::Array(a)) if a.len() == 1 => Some(a[0].clone()),
+        _ => None,
+    })
+}
+
 fn describe_types(types: &Option<Vec<&str>>) -> String {
     match types {
         None => "any type".to_owned(),
@@ -616,6 +628,9 @@ impl<'a> Checker<'a> {
                 None => finding(path, Rule::VariantNotAccepted, "no reader variant accepts what the writer writes here"),
             };
         }
+        if let Some(found) = wleaf.and_then(|wl| self.unknown_tag(&wl, rs, path)) {
+            return found;
+        }
         let tagged: Vec<_> = typed.iter().filter(|c| c.3).collect();
         let chosen = match tagged.as_slice() {
             [one] => *one,
@@ -657,6 +672,46 @@ impl<'a> Checker<'a> {
         }
     }
 
+    /// A writer variant whose tag (a `const` property, as serde's tagged enums write) no
+    /// reader variant carries: reported as one finding rather than as field differences.
+    fn unknown_tag(&self, w: &Node<'a>, rs: &[Term<'a>], path: &str) -> Option<Vec<Finding>> {
+        let wprops = w.get("properties").and_then(Value::as_object)?;
+        for (name, ws) in wprops {
+            let Some(wtag) = tag_of(self.w, ws) else { continue };
+            let reader_tags: Vec<Value> = rs
+                .iter()
+                .filter_map(|ri| self.reader_leaf(ri))
+                .filter_map(|rl| rl.get("properties").and_then(Value::as_object)?.get(name))
+                .filter_map(|rs| tag_of(self.r, rs))
+                .collect();
+            if !reader_tags.is_empty() && !reader_tags.contains(&wtag) {
+                let known: Vec<String> = reader_tags.iter().map(Value::to_string).collect();
+                return Some(finding(
+                    path,
+                    Rule::VariantNotAccepted,
+                    format!(
+                        "the writer may write the variant with `{name}` = {wtag}; the reader knows only {}",
+                        known.join(", ")
+                    ),
+                ));
+            }
+        }
+        None
+    }
+
+    /// The leaf a reader term stands for, looking through `$ref` and single-part terms.
+    fn reader_leaf(&self, t: &Term<'a>) -> Option<Node<'a>> {
+        match t {
+            Term::Node(n) => match self.expand(*n, self.r) {
+                Expanded::Leaf(l) => Some(l),
+                Expanded::Term(t) => self.reader_leaf(&t),
+                _ => None,
+            },
+            Term::All(ts) => ts.iter().find_map(|t| self.reader_leaf(t)),
+            Term::Any(_) => None,
+        }
+    }
+
     /// Whether the writer leaf and a reader variant share a discriminating `const` property.
     fn tags_match(&self, w: &Node<'a>, r: &Term<'a>) -> bool {
         let Some(wprops) = w.get("properties").and_then(Value::as_object) else { return false };
@@ -670,19 +725,9 @@ impl<'a> Checker<'a> {
             Term::Any(_) => return false,
         };
         let Some(rprops) = rnode.get("properties").and_then(Value::as_object) else { return false };
-        let tag = |doc: &'a SchemaDoc, v: &'a Value| -> Option<Value> {
-            let v = match v.get("$ref").and_then(Value::as_str) {
-                Some(r) => doc.resolve(r)?,
-                None => v,
-            };
-            v.get("const").cloned().or_else(|| match v.get("enum") {
-                Some(Value::Array(a)) if a.len() == 1 => Some(a[0].clone()),
-                _ => None,
-            })
-        };
         wprops.iter().any(|(name, ws)| {
             rprops.get(name).is_some_and(|rs| {
-                let (wt, rt) = (tag(self.w, ws), tag(self.r, rs));
+                let (wt, rt) = (tag_of(self.w, ws), tag_of(self.r, rs));
                 wt.is_some() && wt == rt
             })
         })

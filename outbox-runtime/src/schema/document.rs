@@ -173,14 +173,12 @@ impl SchemaDoc {
                         ));
                     }
                 }
-                "required"
-                    if !value.as_array().is_some_and(|names| names.iter().all(Value::is_string)) => {
-                        return Err(self.not_a_schema(pointer, "required must be an array of property names"));
-                    }
-                "enum"
-                    if !value.is_array() => {
-                        return Err(self.not_a_schema(pointer, "enum must be an array"));
-                    }
+                "required" if !value.as_array().is_some_and(|names| names.iter().all(Value::is_string)) => {
+                    return Err(self.not_a_schema(pointer, "required must be an array of property names"));
+                }
+                "enum" if !value.is_array() => {
+                    return Err(self.not_a_schema(pointer, "enum must be an array"));
+                }
                 "items" => match value {
                     // Draft 7 tuples: an array of schemas.
                     Value::Array(items) => self
@@ -201,19 +199,18 @@ impl SchemaDoc {
                     self.validate_each(map.iter().map(|(k, v)| (escape(k), v)), pointer)?;
                 }
                 "minimum" | "maximum" | "exclusiveMinimum" | "exclusiveMaximum" | "multipleOf"
-                    if !value.is_number() => {
-                        return Err(self.not_a_schema(pointer, format!("{key} must be a number")));
-                    }
+                    if !value.is_number() =>
+                {
+                    return Err(self.not_a_schema(pointer, format!("{key} must be a number")));
+                }
                 "minLength" | "maxLength" | "minItems" | "maxItems" | "minProperties" | "maxProperties"
-                    if value.as_u64().is_none() => {
-                        return Err(
-                            self.not_a_schema(pointer, format!("{key} must be a non-negative integer"))
-                        );
-                    }
-                "format" | "pattern"
-                    if !value.is_string() => {
-                        return Err(self.not_a_schema(pointer, format!("{key} must be a string")));
-                    }
+                    if value.as_u64().is_none() =>
+                {
+                    return Err(self.not_a_schema(pointer, format!("{key} must be a non-negative integer")));
+                }
+                "format" | "pattern" if !value.is_string() => {
+                    return Err(self.not_a_schema(pointer, format!("{key} must be a string")));
+                }
                 _ => {}
             }
             pointer.truncate(len);

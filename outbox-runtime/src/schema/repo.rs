@@ -436,3 +436,7 @@ pub fn check(dir: &Path, events: &[&EventDescriptor]) -> CheckReport {
     }
     report
 }
+
+#[cfg(test)]
+#[path = "repo_tests.rs"]
+mod tests;

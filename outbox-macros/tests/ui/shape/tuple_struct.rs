@@ -1,0 +1,9 @@
+use outbox_runtime::OutboxEvent;
+use schemars::JsonSchema;
+use serde::Serialize;
+
+#[derive(Serialize, JsonSchema, OutboxEvent)]
+#[outbox(event_type = "order.confirmed", schema_version = 1, aggregate = "order", topic = "orders")]
+struct OrderConfirmed(u64, i64);
+
+fn main() {}

@@ -1,0 +1,12 @@
+use outbox_runtime::OutboxEvent;
+use schemars::JsonSchema;
+use serde::Serialize;
+
+#[derive(Serialize, JsonSchema, OutboxEvent)]
+#[outbox(event_type = "order.confirmed", schema_version = 1, aggregate = "order", topic = "orders/eu")]
+struct OrderConfirmed {
+    #[outbox(aggregate_id)]
+    order_id: u64,
+}
+
+fn main() {}

@@ -1,0 +1,105 @@
+//! `cargo xtask schema ...` as a user runs it: exit codes and what it prints.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn xtask(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_xtask")).args(args).output().expect("xtask runs")
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+fn committed() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../schemas")
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).expect("mkdir");
+    for entry in fs::read_dir(from).expect("read dir").map(|e| e.expect("entry")) {
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            fs::copy(entry.path(), target).expect("copy");
+        }
+    }
+}
+
+fn write(dir: &Path, name: &str, body: &str) -> String {
+    let path = dir.join(name);
+    fs::write(&path, body).expect("write");
+    path.display().to_string()
+}
+
+#[test]
+fn check_passes_on_the_committed_schemas() {
+    let out = xtask(&["schema", "check"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("schemas ok: 3 event schema(s)"), "{}", text(&out));
+}
+
+#[test]
+fn check_fails_naming_event_field_and_rule_when_a_field_type_changes() {
+    let dir = tempfile::tempdir().expect("tmp");
+    copy_dir(&committed(), dir.path());
+    let v2 = dir.path().join("order.confirmed/v2.json");
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&v2).expect("read")).expect("json");
+    doc["properties"]["total_cents"] = serde_json::json!({ "type": "string" });
+    fs::write(&v2, serde_json::to_string_pretty(&doc).expect("json")).expect("write");
+
+    let out = xtask(&["schema", "check", "--dir", &dir.path().display().to_string()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let report = text(&out);
+    assert!(report.contains("order.confirmed v2 (outbox_examples::events::OrderConfirmed) changed incompatibly without a version bump; bump schema_version and keep the old file"), "{report}");
+    assert!(report.contains("order.confirmed v2 $.total_cents: the writer writes string; the reader accepts only integer [type-changed"), "{report}");
+}
+
+#[test]
+fn check_exits_2_naming_a_committed_file_that_is_not_json() {
+    let dir = tempfile::tempdir().expect("tmp");
+    copy_dir(&committed(), dir.path());
+    let bad = write(&dir.path().join("order.placed"), "v1.json", "{ oops");
+    let out = xtask(&["schema", "check", "--dir", &dir.path().display().to_string()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains(&format!("{bad}: not JSON")), "{}", text(&out));
+}
+
+#[test]
+fn compat_exit_codes_follow_the_verdict() {
+    let v1 = committed().join("order.confirmed/v1.json").display().to_string();
+    let v2 = committed().join("order.confirmed/v2.json").display().to_string();
+
+    let forward = xtask(&["schema", "compat", &v1, &v2, "--mode", "forward"]);
+    assert_eq!(forward.status.code(), Some(0), "{}", text(&forward));
+    assert!(text(&forward).starts_with("compatible (forward)"), "{}", text(&forward));
+
+    let backward = xtask(&["schema", "compat", &v1, &v2, "--mode", "backward"]);
+    assert_eq!(backward.status.code(), Some(1), "{}", text(&backward));
+    let report = text(&backward);
+    assert!(report.contains("$.currency: the reader requires property `currency`; the writer does not write it [required-added"), "{report}");
+    assert!(report.contains("$.payment:"), "{report}");
+}
+
+#[test]
+fn compat_exits_2_on_bad_input_naming_the_file() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let good = write(dir.path(), "good.json", r#"{ "type": "string" }"#);
+    let cases = [
+        (dir.path().join("absent.json").display().to_string(), "cannot read"),
+        (write(dir.path(), "text.json", "hello"), "not JSON"),
+        (write(dir.path(), "array.json", "[1, 2]"), "not a JSON Schema"),
+        (write(dir.path(), "ref.json", r##"{ "$ref": "#/$defs/Gone" }"##), "unresolvable $ref"),
+    ];
+    for (path, what) in &cases {
+        let out = xtask(&["schema", "compat", &good, path, "--mode", "full"]);
+        assert_eq!(out.status.code(), Some(2), "{path}: {}", text(&out));
+        assert!(text(&out).contains(&format!("{path}: {what}")), "{}", text(&out));
+    }
+    let out = xtask(&["schema", "compat", &good, &good, "--mode", "sideways"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("unknown compatibility mode \"sideways\""), "{}", text(&out));
+}
