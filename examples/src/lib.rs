@@ -2,3 +2,4 @@
 //! service, relay and consumer built on them.
 
 pub mod events;
+pub mod orders;

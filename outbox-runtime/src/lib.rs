@@ -50,11 +50,19 @@
 #[allow(unused_extern_crates)]
 extern crate self as outbox_runtime;
 
+mod append;
+mod error;
 mod event;
+mod migrate;
+mod outbox;
 pub mod registry;
 pub mod schema;
+mod table;
 
+pub use append::{append, AppendOptions, NewEvent, RESERVED_HEADER_BYTES};
+pub use error::{Error, Result};
 pub use event::OutboxEvent;
+pub use outbox::{Outbox, OutboxConfig};
 #[cfg(feature = "derive")]
 pub use outbox_macros::OutboxEvent;
 

@@ -1,0 +1,197 @@
+//! Appending events inside the caller's transaction.
+//!
+//! The event row commits or rolls back with the business change (invariant 1).
+//! Serialization and the record size are checked before anything is written, so a bad
+//! event fails the caller's transaction instead of failing later in the relay (invariant 2).
+
+use std::collections::BTreeMap;
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+use crate::outbox::Outbox;
+use crate::table::Names;
+use crate::OutboxEvent;
+
+/// Room counted for the headers the relay adds (`ce_id`, `ce_type`, `ce_time`, ...) when
+/// an append checks the record size.
+pub const RESERVED_HEADER_BYTES: usize = 512;
+
+/// Options of one append.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AppendOptions {
+    aggregate_version: Option<i64>,
+    headers: BTreeMap<String, String>,
+    event_id: Option<Uuid>,
+}
+
+impl AppendOptions {
+    /// The aggregate's version after the change this event records (its sequence of
+    /// changes, not the event's `schema_version`). Sent as the `ce_aggregateversion`
+    /// header; consumers use it to detect gaps and absorb stale events. Default: none.
+    #[must_use]
+    pub fn aggregate_version(mut self, version: i64) -> Self {
+        self.aggregate_version = Some(version);
+        self
+    }
+
+    /// An extra Kafka header. Names starting with `ce_` and `content-type` are reserved.
+    #[must_use]
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+
+    /// Use this event id instead of a new UUIDv7 (for idempotent producers of their own).
+    #[must_use]
+    pub fn event_id(mut self, id: Uuid) -> Self {
+        self.event_id = Some(id);
+        self
+    }
+}
+
+/// An event serialized and checked, ready to be appended (see [`Outbox::append_batch`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    event_id: Uuid,
+    event_type: &'static str,
+    schema_version: u32,
+    aggregate_type: &'static str,
+    aggregate_id: String,
+    aggregate_version: Option<i64>,
+    topic: &'static str,
+    payload: String,
+    headers: String,
+    record_bytes: usize,
+}
+
+impl NewEvent {
+    /// Serializes `event`; fails on a serialization error or a reserved header name.
+    pub fn new<E: OutboxEvent>(event: &E, options: AppendOptions) -> Result<Self> {
+        let payload = serde_json::to_string(event)
+            .map_err(|source| Error::Serialize { event_type: E::EVENT_TYPE, source })?;
+        if let Some(reserved) = options
+            .headers
+            .keys()
+            .find(|name| name.starts_with("ce_") || name.eq_ignore_ascii_case("content-type"))
+        {
+            return Err(Error::ReservedHeader(reserved.clone()));
+        }
+        let aggregate_id = event.aggregate_id();
+        let header_bytes: usize = options.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let record_bytes = aggregate_id.len() + payload.len() + header_bytes + RESERVED_HEADER_BYTES;
+        let headers = serde_json::to_string(&options.headers)
+            .map_err(|source| Error::Serialize { event_type: E::EVENT_TYPE, source })?;
+        Ok(NewEvent {
+            event_id: options.event_id.unwrap_or_else(Uuid::now_v7),
+            event_type: E::EVENT_TYPE,
+            schema_version: E::SCHEMA_VERSION,
+            aggregate_type: E::AGGREGATE_TYPE,
+            aggregate_id,
+            aggregate_version: options.aggregate_version,
+            topic: E::TOPIC,
+            payload,
+            headers,
+            record_bytes,
+        })
+    }
+
+    /// The id the event will carry (`ce_id`).
+    pub fn event_id(&self) -> Uuid {
+        self.event_id
+    }
+
+    /// Key, value and headers, in bytes, counting [`RESERVED_HEADER_BYTES`] for the relay's.
+    pub fn record_bytes(&self) -> usize {
+        self.record_bytes
+    }
+}
+
+/// The INSERT (and NOTIFY) of [`Outbox::append_batch`], one statement, one round trip.
+pub(crate) fn insert_sql(names: &Names, notify: bool) -> String {
+    let notify = if notify { "pg_notify($10, '')" } else { "NULL" };
+    format!(
+        "WITH inserted AS ( \
+           INSERT INTO {outbox} (event_id, aggregate_type, aggregate_id, aggregate_version, \
+                                 event_type, schema_version, topic, payload, headers) \
+           SELECT e, at, ai, av, et, sv, t, p::json, h::jsonb \
+           FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::int[], \
+                       $7::text[], $8::text[], $9::text[]) AS u(e, at, ai, av, et, sv, t, p, h) \
+           RETURNING 1) \
+         SELECT (SELECT count(*) FROM inserted), {notify}",
+        outbox = names.outbox
+    )
+}
+
+impl Outbox {
+    /// Appends `event` on `conn`, normally the caller's open transaction: it commits or
+    /// rolls back with the business change. Returns the event id.
+    ///
+    /// ```no_run
+    /// # async fn f(pool: sqlx::PgPool, event: impl outbox_runtime::OutboxEvent) -> outbox_runtime::Result<()> {
+    /// let outbox = outbox_runtime::Outbox::default_ref();
+    /// let mut tx = pool.begin().await?;
+    /// // ... the business change on &mut *tx ...
+    /// outbox.append(&mut tx, &event).await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn append<E: OutboxEvent>(&self, conn: &mut PgConnection, event: &E) -> Result<Uuid> {
+        self.append_with(conn, event, AppendOptions::default()).await
+    }
+
+    /// [`Outbox::append`] with an aggregate version, extra headers or a given event id.
+    pub async fn append_with<E: OutboxEvent>(
+        &self,
+        conn: &mut PgConnection,
+        event: &E,
+        options: AppendOptions,
+    ) -> Result<Uuid> {
+        let event = NewEvent::new(event, options)?;
+        let id = event.event_id;
+        self.append_batch(conn, std::slice::from_ref(&event)).await?;
+        Ok(id)
+    }
+
+    /// Appends several events, in order, with one statement. Either all are appended or,
+    /// when one is too large, none.
+    pub async fn append_batch(&self, conn: &mut PgConnection, events: &[NewEvent]) -> Result<()> {
+        let max = self.config().max_record_bytes;
+        if let Some(big) = events.iter().find(|e| e.record_bytes > max) {
+            return Err(Error::RecordTooLarge {
+                event_type: big.event_type,
+                aggregate_id: big.aggregate_id.clone(),
+                size: big.record_bytes,
+                max,
+            });
+        }
+        if events.is_empty() {
+            return Ok(());
+        }
+        let column = |f: fn(&NewEvent) -> String| events.iter().map(f).collect::<Vec<_>>();
+        let ids: Vec<Uuid> = events.iter().map(|e| e.event_id).collect();
+        let versions: Vec<Option<i64>> = events.iter().map(|e| e.aggregate_version).collect();
+        let schema_versions: Vec<i32> =
+            events.iter().map(|e| i32::try_from(e.schema_version).unwrap_or(i32::MAX)).collect();
+        let query = sqlx::query(self.inner.insert_sql.clone())
+            .bind(ids)
+            .bind(column(|e| e.aggregate_type.to_owned()))
+            .bind(column(|e| e.aggregate_id.clone()))
+            .bind(versions)
+            .bind(column(|e| e.event_type.to_owned()))
+            .bind(schema_versions)
+            .bind(column(|e| e.topic.to_owned()))
+            .bind(column(|e| e.payload.clone()))
+            .bind(column(|e| e.headers.clone()));
+        let query = if self.config().notify { query.bind(&self.names().channel) } else { query };
+        query.execute(conn).await?;
+        Ok(())
+    }
+}
+
+/// Appends `event` to the default outbox (`public.outbox`) on `conn`, normally the
+/// caller's open transaction. See [`Outbox::append`].
+pub async fn append<E: OutboxEvent>(conn: &mut PgConnection, event: &E) -> Result<Uuid> {
+    Outbox::default_ref().append(conn, event).await
+}

@@ -1,0 +1,80 @@
+//! The crate's error type: one enum, transient and permanent failures told apart by variant.
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in `outbox-runtime`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A schema, table or channel name is not a plain SQL identifier.
+    #[error(
+        "invalid {what} {value:?}: use 1 to 48 characters of a-z, 0-9 and _, starting with a letter or _"
+    )]
+    InvalidIdentifier {
+        /// Which name.
+        what: &'static str,
+        /// The name given.
+        value: String,
+    },
+    /// A configuration value is out of range.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The event could not be serialized to JSON; nothing was appended.
+    #[error("cannot serialize event {event_type}: {source}")]
+    Serialize {
+        /// The event's type.
+        event_type: &'static str,
+        /// What serde_json said.
+        source: serde_json::Error,
+    },
+    /// The event's Kafka record would exceed the configured maximum; nothing was appended.
+    #[error("event {event_type} of aggregate {aggregate_id} makes a {size}-byte record, over the maximum of {max} bytes")]
+    RecordTooLarge {
+        /// The event's type.
+        event_type: &'static str,
+        /// The aggregate it belongs to.
+        aggregate_id: String,
+        /// Key, value and headers, in bytes.
+        size: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+    /// An extra header uses a name the outbox sets itself.
+    #[error("header {0:?} is reserved: the outbox sets ce_* and content-type headers itself")]
+    ReservedHeader(String),
+    /// A PostgreSQL error.
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Running the migrations failed.
+    #[error("migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A Kafka client error (creating the producer, for instance).
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+}
+
+impl Error {
+    /// Whether retrying the same operation later may succeed (a lost connection, a busy
+    /// database) as opposed to an error that repeats until something is changed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Database(e) => {
+                matches!(
+                    e,
+                    sqlx::Error::Io(_)
+                        | sqlx::Error::PoolTimedOut
+                        | sqlx::Error::PoolClosed
+                        | sqlx::Error::WorkerCrashed
+                        | sqlx::Error::Protocol(_)
+                ) || e.as_database_error().and_then(|d| d.code()).is_some_and(|code| {
+                    // serialization_failure, deadlock_detected, admin shutdown, cannot connect now,
+                    // too many connections, lock_not_available
+                    matches!(code.as_ref(), "40001" | "40P01" | "57P01" | "57P03" | "53300" | "55P03")
+                })
+            }
+            Error::Kafka(_) => true,
+            _ => false,
+        }
+    }
+}

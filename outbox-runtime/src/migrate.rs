@@ -1,0 +1,86 @@
+//! The outbox's tables as sqlx migrations, named after the configured schema and table.
+//!
+//! The applied migrations are tracked in `<schema>.<table>_migrations`, apart from the
+//! application's own `_sqlx_migrations`, so both can be run against one database.
+
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{AssertSqlSafe, SqlSafeStr};
+
+use crate::outbox::Outbox;
+use crate::table::Names;
+
+impl Outbox {
+    /// A migrator that creates (and later upgrades) this outbox's tables:
+    /// `outbox.migrator().run(&pool).await?`.
+    pub fn migrator(&self) -> Migrator {
+        let names = self.names();
+        let mut migrator = Migrator::with_migrations(migrations(names, self.config().work_partitions));
+        migrator.create_schema(names.schema.clone());
+        migrator.dangerous_set_table_name(names.sibling("migrations"));
+        migrator
+    }
+}
+
+fn migrations(names: &Names, work_partitions: u32) -> Vec<Migration> {
+    let outbox = &names.outbox;
+    let leases = &names.leases;
+    let n = work_partitions;
+    let v1 = format!(
+        r#"
+-- One row per event. Columns up to created_at are the event; the rest is relay bookkeeping.
+CREATE TABLE {outbox} (
+    id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id          uuid NOT NULL UNIQUE,
+    aggregate_type    text NOT NULL,
+    aggregate_id      text NOT NULL,
+    aggregate_version bigint,
+    event_type        text NOT NULL,
+    schema_version    integer NOT NULL CHECK (schema_version > 0),
+    topic             text NOT NULL,
+    payload           json NOT NULL,
+    headers           jsonb NOT NULL DEFAULT '{{}}'::jsonb,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    -- Aggregates hash into {n} work partitions; a relay leases whole partitions, so one
+    -- aggregate is only ever in one relay's hands.
+    work_partition    integer NOT NULL GENERATED ALWAYS AS (
+        (((hashtextextended(aggregate_type || ':' || aggregate_id, 0) % {n}) + {n}) % {n})::integer
+    ) STORED,
+    status            text NOT NULL DEFAULT 'pending'
+                      CHECK (status IN ('pending', 'published', 'failed', 'discarded')),
+    attempts          integer NOT NULL DEFAULT 0,
+    next_attempt_at   timestamptz NOT NULL DEFAULT '-infinity',
+    last_error        text,
+    published_at      timestamptz,
+    kafka_partition   integer,
+    kafka_offset      bigint
+);
+
+-- Only unpublished rows: claiming stays O(batch) whatever the published backlog.
+CREATE INDEX {pending} ON {outbox} (id) INCLUDE (work_partition, next_attempt_at)
+    WHERE status = 'pending';
+
+-- Per-aggregate order: is there an earlier event of this aggregate still open?
+CREATE INDEX {open} ON {outbox} (aggregate_type, aggregate_id, id)
+    WHERE status IN ('pending', 'failed');
+
+-- Work partition leases. token grows with every change of owner and fences marks.
+CREATE TABLE {leases} (
+    work_partition integer PRIMARY KEY,
+    owner          uuid,
+    token          bigint NOT NULL DEFAULT 0,
+    expires_at     timestamptz NOT NULL DEFAULT '-infinity'
+);
+INSERT INTO {leases} (work_partition) SELECT generate_series(0, {last});
+"#,
+        pending = names.index("pending"),
+        open = names.index("open_by_aggregate"),
+        last = n - 1,
+    );
+    vec![Migration::new(
+        1,
+        "outbox, work partition leases".into(),
+        MigrationType::Simple,
+        AssertSqlSafe(v1).into_sql_str(),
+        false,
+    )]
+}

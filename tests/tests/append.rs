@@ -1,0 +1,228 @@
+//! Append inside the caller's transaction (invariants 1 and 2), against real PostgreSQL.
+
+use std::sync::Arc;
+
+use outbox_examples::events::OrderConfirmed;
+use outbox_examples::orders::{self, Confirmed};
+use outbox_runtime::{AppendOptions, Error, NewEvent, Outbox, OutboxConfig, OutboxEvent};
+use outbox_tests::{migrate, outbox_rows, sample_order};
+use schemars::JsonSchema;
+use serde::{Serialize, Serializer};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// An event whose serialization always fails.
+#[derive(Serialize, JsonSchema, OutboxEvent)]
+#[outbox(event_type = "test.unserializable", schema_version = 1, aggregate = "test", topic = "test")]
+struct Unserializable {
+    #[outbox(aggregate_id)]
+    id: u64,
+    #[serde(serialize_with = "refuse")]
+    value: u8,
+}
+
+fn refuse<S: Serializer>(_: &u8, _: S) -> Result<S::Ok, S::Error> {
+    Err(serde::ser::Error::custom("this value cannot be written"))
+}
+
+/// An event with a payload of any size.
+#[derive(Serialize, JsonSchema, OutboxEvent)]
+#[outbox(event_type = "test.blob", schema_version = 1, aggregate = "test", topic = "test")]
+struct Blob {
+    #[outbox(aggregate_id)]
+    id: u64,
+    data: String,
+}
+
+#[sqlx::test(migrations = false)]
+async fn rollback_of_the_business_transaction_leaves_no_outbox_row(pool: PgPool) {
+    // Fault: the business transaction rolls back after the append. Invariant 1.
+    let outbox = migrate(&pool).await;
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query("INSERT INTO orders (id, customer_id, total_cents, currency, payment) VALUES ($1, $1, 1, 'EUR', '{}')")
+        .bind(Uuid::now_v7())
+        .execute(&mut *tx)
+        .await
+        .expect("insert order");
+    outbox.append(&mut tx, &Blob { id: 1, data: "x".into() }).await.expect("append");
+    assert_eq!(
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox").fetch_one(&mut *tx).await.expect("count"),
+        1,
+        "visible inside the transaction"
+    );
+    tx.rollback().await.expect("rollback");
+    assert_eq!(outbox_rows(&pool).await, 0);
+    let orders: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM orders").fetch_one(&pool).await.expect("count");
+    assert_eq!(orders, 0);
+}
+
+#[sqlx::test(migrations = false)]
+async fn commit_stores_the_event_with_its_metadata(pool: PgPool) {
+    let outbox = migrate(&pool).await;
+    let order_id = orders::place(&pool, &outbox, &sample_order()).await.expect("place");
+    let row: (String, String, Option<i64>, String, i32, String, serde_json::Value, String) = sqlx::query_as(
+        "SELECT aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, topic, payload::jsonb, status FROM outbox",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("row");
+    assert_eq!(
+        (row.0.as_str(), row.1, row.2, row.3.as_str(), row.4, row.5.as_str(), row.7.as_str()),
+        ("order", order_id.to_string(), Some(1), "order.placed", 1, "orders", "pending")
+    );
+    assert_eq!(row.6["order_id"], order_id.to_string());
+    assert_eq!(row.6["total_cents"], 2_500);
+}
+
+#[sqlx::test(migrations = false)]
+async fn serialization_error_fails_the_append_before_commit(pool: PgPool) {
+    // Fault: the event cannot be serialized. Invariant 2: the caller learns at append time.
+    let outbox = migrate(&pool).await;
+    let mut tx = pool.begin().await.expect("begin");
+    let err = outbox.append(&mut tx, &Unserializable { id: 7, value: 1 }).await.expect_err("must fail");
+    assert!(matches!(err, Error::Serialize { event_type: "test.unserializable", .. }), "{err}");
+    assert!(err.to_string().contains("this value cannot be written"), "{err}");
+    tx.commit().await.expect("the transaction is still usable");
+    assert_eq!(outbox_rows(&pool).await, 0);
+}
+
+#[sqlx::test(migrations = false)]
+async fn oversized_record_fails_the_append_before_commit(pool: PgPool) {
+    // Fault: a record larger than max_record_bytes. Invariant 2.
+    let outbox = Outbox::new(OutboxConfig::default().max_record_bytes(4096)).expect("config");
+    migrate(&pool).await;
+    let mut tx = pool.begin().await.expect("begin");
+    let err = outbox.append(&mut tx, &Blob { id: 9, data: "x".repeat(4096) }).await.expect_err("too large");
+    match &err {
+        Error::RecordTooLarge { event_type, aggregate_id, size, max } => {
+            assert_eq!((*event_type, aggregate_id.as_str(), *max), ("test.blob", "9", 4096));
+            assert!(*size > 4096);
+        }
+        other => panic!("unexpected {other}"),
+    }
+    // Just under the limit is accepted.
+    let fits = 4096 - outbox_runtime::RESERVED_HEADER_BYTES - r#"{"id":9,"data":""}"#.len() - 1;
+    outbox.append(&mut tx, &Blob { id: 9, data: "x".repeat(fits) }).await.expect("fits");
+    tx.commit().await.expect("commit");
+    assert_eq!(outbox_rows(&pool).await, 1);
+}
+
+#[sqlx::test(migrations = false)]
+async fn batch_append_is_all_or_nothing_and_keeps_order(pool: PgPool) {
+    let outbox = Outbox::new(OutboxConfig::default().max_record_bytes(4096)).expect("config");
+    migrate(&pool).await;
+    let small = |n: u64| {
+        NewEvent::new(
+            &Blob { id: 1, data: n.to_string() },
+            AppendOptions::default().aggregate_version(n as i64),
+        )
+        .expect("event")
+    };
+    let big =
+        NewEvent::new(&Blob { id: 1, data: "x".repeat(5000) }, AppendOptions::default()).expect("event");
+
+    let mut tx = pool.begin().await.expect("begin");
+    let err = outbox.append_batch(&mut tx, &[small(1), big, small(2)]).await.expect_err("one is too large");
+    assert!(matches!(err, Error::RecordTooLarge { .. }));
+    outbox.append_batch(&mut tx, &[small(1), small(2), small(3)]).await.expect("batch");
+    tx.commit().await.expect("commit");
+    let versions: Vec<i64> = sqlx::query_scalar("SELECT aggregate_version FROM outbox ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .expect("rows");
+    assert_eq!(versions, [1, 2, 3]);
+}
+
+#[sqlx::test(migrations = false)]
+async fn reserved_headers_are_refused_and_extra_headers_stored(pool: PgPool) {
+    let outbox = migrate(&pool).await;
+    let err =
+        NewEvent::new(&Blob { id: 1, data: String::new() }, AppendOptions::default().header("ce_id", "x"))
+            .expect_err("reserved");
+    assert_eq!(
+        err.to_string(),
+        "header \"ce_id\" is reserved: the outbox sets ce_* and content-type headers itself"
+    );
+    let mut tx = pool.begin().await.expect("begin");
+    outbox
+        .append_with(
+            &mut tx,
+            &Blob { id: 1, data: String::new() },
+            AppendOptions::default().header("traceparent", "00-ab-cd-01"),
+        )
+        .await
+        .expect("append");
+    tx.commit().await.expect("commit");
+    let headers: serde_json::Value =
+        sqlx::query_scalar("SELECT headers FROM outbox").fetch_one(&pool).await.expect("headers");
+    assert_eq!(headers, serde_json::json!({ "traceparent": "00-ab-cd-01" }));
+}
+
+#[sqlx::test(migrations = false)]
+async fn fifty_concurrent_confirms_record_exactly_one_event(pool: PgPool) {
+    // Fault: 50 racing commands on one order. Invariant 1: one transition, one event.
+    let outbox = Arc::new(migrate(&pool).await);
+    let order_id = orders::place(&pool, &outbox, &sample_order()).await.expect("place");
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let (pool, outbox) = (pool.clone(), outbox.clone());
+        tasks.spawn(async move { orders::confirm(&pool, &outbox, order_id).await });
+    }
+    let mut confirmed = Vec::new();
+    while let Some(result) = tasks.join_next().await {
+        if let Confirmed::Now { version, event_id } = result.expect("task").expect("confirm") {
+            confirmed.push((version, event_id));
+        }
+    }
+    assert_eq!(confirmed.len(), 1, "exactly one call confirms: {confirmed:?}");
+    let events: Vec<(Uuid, Option<i64>)> =
+        sqlx::query_as("SELECT event_id, aggregate_version FROM outbox WHERE event_type = $1")
+            .bind(OrderConfirmed::EVENT_TYPE)
+            .fetch_all(&pool)
+            .await
+            .expect("events");
+    assert_eq!(events, [(confirmed[0].1, Some(2))]);
+}
+
+#[sqlx::test(migrations = false)]
+async fn notify_is_delivered_at_commit_not_before(pool: PgPool) {
+    let outbox = migrate(&pool).await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await.expect("listener");
+    listener.listen("public.outbox").await.expect("listen");
+    let mut tx = pool.begin().await.expect("begin");
+    outbox.append(&mut tx, &Blob { id: 3, data: String::new() }).await.expect("append");
+    let early = tokio::time::timeout(std::time::Duration::from_millis(300), listener.recv()).await;
+    assert!(early.is_err(), "no notification before commit");
+    tx.commit().await.expect("commit");
+    let note = tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv())
+        .await
+        .expect("notified after commit")
+        .expect("notification");
+    assert_eq!(note.channel(), "public.outbox");
+}
+
+#[sqlx::test(migrations = false)]
+async fn configurable_names_are_validated_and_used(pool: PgPool) {
+    let err = Outbox::new(OutboxConfig::default().table("events; drop table orders")).expect_err("invalid");
+    assert!(matches!(err, Error::InvalidIdentifier { what: "table name", .. }), "{err}");
+
+    let outbox =
+        Outbox::new(OutboxConfig::default().schema("ops").table("events").notify(false)).expect("config");
+    outbox.migrator().run(&pool).await.expect("migrate");
+    outbox.migrator().run(&pool).await.expect("migrating twice is a no-op");
+    let mut tx = pool.begin().await.expect("begin");
+    outbox.append(&mut tx, &Blob { id: 4, data: String::new() }).await.expect("append");
+    tx.commit().await.expect("commit");
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM ops.events").fetch_one(&pool).await.expect("count");
+    assert_eq!(n, 1);
+    let leases: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM ops.events_leases").fetch_one(&pool).await.expect("leases");
+    assert_eq!(leases, 32);
+
+    // The partition count is fixed by the first migration: a different one is refused.
+    let other = Outbox::new(OutboxConfig::default().schema("ops").table("events").work_partitions(8))
+        .expect("config");
+    let err = other.migrator().run(&pool).await.expect_err("checksum mismatch");
+    assert!(err.to_string().contains("previously applied but has been modified"), "{err}");
+}
