@@ -3,3 +3,4 @@
 
 pub mod events;
 pub mod orders;
+pub mod relay_process;

@@ -51,11 +51,13 @@
 extern crate self as outbox_runtime;
 
 mod append;
+mod cleanup;
 mod error;
 mod event;
 mod migrate;
 mod outbox;
 pub mod registry;
+pub mod relay;
 pub mod schema;
 mod table;
 

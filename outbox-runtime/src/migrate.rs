@@ -71,7 +71,14 @@ CREATE TABLE {leases} (
     expires_at     timestamptz NOT NULL DEFAULT '-infinity'
 );
 INSERT INTO {leases} (work_partition) SELECT generate_series(0, {last});
+
+-- Live relays, so that each takes a fair share of the work partitions.
+CREATE TABLE {relays} (
+    relay_id     uuid PRIMARY KEY,
+    heartbeat_at timestamptz NOT NULL
+);
 "#,
+        relays = names.relays,
         pending = names.index("pending"),
         open = names.index("open_by_aggregate"),
         last = n - 1,

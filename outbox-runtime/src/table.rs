@@ -25,6 +25,8 @@ pub(crate) struct Names {
     pub(crate) outbox: String,
     /// `"schema"."table_leases"`
     pub(crate) leases: String,
+    /// `"schema"."table_relays"`
+    pub(crate) relays: String,
     /// The NOTIFY channel: `schema.table`.
     pub(crate) channel: String,
 }
@@ -38,6 +40,7 @@ impl Names {
             table: table.to_owned(),
             outbox: format!("\"{schema}\".\"{table}\""),
             leases: format!("\"{schema}\".\"{table}_leases\""),
+            relays: format!("\"{schema}\".\"{table}_relays\""),
             channel: format!("{schema}.{table}"),
         })
     }

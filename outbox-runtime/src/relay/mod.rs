@@ -1,0 +1,497 @@
+//! The relay: publishes outbox rows to Kafka at least once, in order per aggregate.
+//!
+//! Each relay leases work partitions (aggregates hash into them), reads due rows of its
+//! partitions in a short query, publishes them outside any transaction, then marks them,
+//! fenced by its lease tokens. Events of one aggregate are sent one after the other, each
+//! only after the broker acknowledged the one before, so no event is acknowledged before
+//! an earlier event of its aggregate. Transient errors back off exponentially with jitter;
+//! permanent ones mark the event `failed`, which holds back that aggregate's later events
+//! and nothing else. Many relays may run against one database: they share the partitions
+//! and take over those of a relay that died when its leases expire.
+//!
+//! ```no_run
+//! # async fn f(pool: sqlx::PgPool) -> outbox_runtime::Result<()> {
+//! use outbox_runtime::relay::{Relay, RelayConfig};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! let outbox = outbox_runtime::Outbox::default_ref().clone();
+//! let relay = Relay::new(pool, outbox, RelayConfig::new("127.0.0.1:9092"))?;
+//! let shutdown = CancellationToken::new();
+//! relay.run(shutdown.clone()).await?; // returns after shutdown.cancel(), once in-flight work is done
+//! # Ok(()) }
+//! ```
+
+mod backoff;
+mod claim;
+mod lease;
+mod publish;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use rdkafka::producer::FutureProducer;
+use sqlx::postgres::PgListener;
+use sqlx::PgPool;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, info_span, warn, Instrument};
+use uuid::Uuid;
+
+use self::claim::{Fence, Marks, Row, Statements};
+use self::lease::Leases;
+use self::publish::Sent;
+use crate::error::{Error, Result};
+use crate::outbox::Outbox;
+
+pub use crate::cleanup::Cleanup;
+
+/// How a relay runs. Every setting has a default except the brokers.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    brokers: String,
+    batch_size: u32,
+    poll_interval: Duration,
+    lease_ttl: Duration,
+    message_timeout: Duration,
+    backoff_base: Duration,
+    backoff_max: Duration,
+    max_attempts: Option<u32>,
+    source: String,
+    producer: BTreeMap<String, String>,
+    cleanup: Option<Cleanup>,
+}
+
+impl RelayConfig {
+    /// A relay publishing to `brokers` (Kafka's `bootstrap.servers`), otherwise defaults.
+    pub fn new(brokers: impl Into<String>) -> Self {
+        RelayConfig {
+            brokers: brokers.into(),
+            batch_size: 500,
+            poll_interval: Duration::from_secs(1),
+            lease_ttl: Duration::from_secs(30),
+            message_timeout: Duration::from_secs(10),
+            backoff_base: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(300),
+            max_attempts: None,
+            source: "/outbox".to_owned(),
+            producer: BTreeMap::new(),
+            cleanup: Some(Cleanup::default()),
+        }
+    }
+
+    /// Most rows read and published per batch. Default: 500.
+    #[must_use]
+    pub fn batch_size(mut self, rows: u32) -> Self {
+        self.batch_size = rows;
+        self
+    }
+
+    /// How often to look for work when no NOTIFY arrives (a fallback: appends wake the
+    /// relay at commit). Default: 1 s.
+    #[must_use]
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// How long a work partition lease lasts without renewal; a relay that dies leaves its
+    /// partitions to the others after this long. Renewed every third of it. Must exceed
+    /// twice the message timeout. Default: 30 s.
+    #[must_use]
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// Kafka's `message.timeout.ms`: how long the producer tries to deliver one record
+    /// before reporting a (transient) failure. Default: 10 s.
+    #[must_use]
+    pub fn message_timeout(mut self, timeout: Duration) -> Self {
+        self.message_timeout = timeout;
+        self
+    }
+
+    /// First retry delay after a transient failure; it doubles with each attempt, with
+    /// jitter, up to [`RelayConfig::backoff_max`]. Default: 500 ms.
+    #[must_use]
+    pub fn backoff_base(mut self, delay: Duration) -> Self {
+        self.backoff_base = delay;
+        self
+    }
+
+    /// Largest retry delay. Default: 5 min.
+    #[must_use]
+    pub fn backoff_max(mut self, delay: Duration) -> Self {
+        self.backoff_max = delay;
+        self
+    }
+
+    /// After this many failed attempts a transiently failing event is marked `failed` too.
+    /// Default: none (retry until it succeeds; nothing is given up automatically).
+    #[must_use]
+    pub fn max_attempts(mut self, attempts: Option<u32>) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// The CloudEvents `source` attribute (`ce_source` header). Default: `/outbox`.
+    #[must_use]
+    pub fn source(mut self, source: impl Into<String>) -> Self {
+        self.source = source.into();
+        self
+    }
+
+    /// A librdkafka producer setting (e.g. `compression.type`, `security.protocol`).
+    /// `acks` and `enable.idempotence` are fixed and cannot be set.
+    #[must_use]
+    pub fn producer_setting(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.producer.insert(key.into(), value.into());
+        self
+    }
+
+    /// Deleting published rows after a retention period; `None` turns it off.
+    /// Default: [`Cleanup::default`].
+    #[must_use]
+    pub fn cleanup(mut self, cleanup: Option<Cleanup>) -> Self {
+        self.cleanup = cleanup;
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.batch_size == 0 || self.batch_size > 100_000 {
+            return Err(Error::Config(format!("batch_size must be 1 to 100000, not {}", self.batch_size)));
+        }
+        if self.lease_ttl <= self.message_timeout * 2 {
+            return Err(Error::Config(format!(
+                "lease_ttl ({:?}) must exceed twice the message timeout ({:?}): a batch must end within a lease",
+                self.lease_ttl, self.message_timeout
+            )));
+        }
+        if self.poll_interval.is_zero() || self.backoff_base.is_zero() || self.backoff_max < self.backoff_base
+        {
+            return Err(Error::Config(
+                "poll_interval and backoff_base must be positive, backoff_max >= backoff_base".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Counters of one relay, readable while it runs.
+#[derive(Debug, Default)]
+pub struct RelayStats {
+    published: AtomicU64,
+    retried: AtomicU64,
+    failed: AtomicU64,
+    fenced: AtomicU64,
+    batches: AtomicU64,
+}
+
+impl RelayStats {
+    /// Events acknowledged by Kafka and marked published.
+    pub fn published(&self) -> u64 {
+        self.published.load(Ordering::Relaxed)
+    }
+    /// Transient failures scheduled for retry.
+    pub fn retried(&self) -> u64 {
+        self.retried.load(Ordering::Relaxed)
+    }
+    /// Events marked `failed`.
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+    /// Marks refused because the lease had passed to another relay.
+    pub fn fenced(&self) -> u64 {
+        self.fenced.load(Ordering::Relaxed)
+    }
+    /// Batches processed.
+    pub fn batches(&self) -> u64 {
+        self.batches.load(Ordering::Relaxed)
+    }
+}
+
+/// A relay process's worker. See the [module documentation](self).
+pub struct Relay {
+    pool: PgPool,
+    outbox: Outbox,
+    config: RelayConfig,
+    producer: FutureProducer,
+    leases: Leases,
+    sql: Statements,
+    stats: Arc<RelayStats>,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay").field("id", &self.id()).field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+/// What one batch came to.
+#[derive(Debug, Default)]
+struct BatchOutcome {
+    rows: usize,
+    acked: usize,
+    transient: usize,
+}
+
+impl Relay {
+    /// Builds a relay on `pool` for `outbox`. It uses up to three of the pool's
+    /// connections: one to listen for NOTIFY, one for its work, one for cleanup.
+    pub fn new(pool: PgPool, outbox: Outbox, config: RelayConfig) -> Result<Self> {
+        config.validate()?;
+        let producer = publish::producer(&config.brokers, config.message_timeout, &config.producer)?;
+        let names = outbox.names();
+        let leases = Leases::new(names, Uuid::new_v4(), config.lease_ttl, outbox.config().work_partitions);
+        let sql = Statements::new(names);
+        Ok(Relay { pool, outbox, config, producer, leases, sql, stats: Arc::default() })
+    }
+
+    /// This relay's counters.
+    pub fn stats(&self) -> Arc<RelayStats> {
+        self.stats.clone()
+    }
+
+    /// This relay's id (its lease owner id).
+    pub fn id(&self) -> Uuid {
+        self.leases.relay_id()
+    }
+
+    /// Runs until `shutdown` is cancelled, then finishes the batch in flight (bounded by
+    /// the message timeout), gives its leases back and returns.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<()> {
+        let tracker = TaskTracker::new();
+        let wake = Arc::new(Notify::new());
+        tracker.spawn(listen(
+            self.pool.clone(),
+            self.outbox.names().channel.clone(),
+            wake.clone(),
+            shutdown.clone(),
+        ));
+        if let Some(cleanup) = self.config.cleanup.clone() {
+            tracker.spawn(cleanup.run(self.pool.clone(), self.outbox.clone(), shutdown.clone()));
+        }
+        tracker.close();
+        info!(relay_id = %self.id(), brokers = %self.config.brokers, "relay started");
+
+        let renew_every = self.config.lease_ttl / 3;
+        // A batch may start only while its leases have this much time left.
+        let margin = self.config.message_timeout + Duration::from_secs(1);
+        let mut next_maintain = Instant::now();
+        let mut idle_failures: u32 = 0;
+        while !shutdown.is_cancelled() {
+            if Instant::now() >= next_maintain {
+                next_maintain = Instant::now() + renew_every;
+                match self.leases.maintain(&self.pool).await {
+                    Ok(changes) if changes != Default::default() => info!(
+                        relay_id = %self.id(), held = self.leases.held_count(), acquired = ?changes.acquired,
+                        released = ?changes.released, lost = ?changes.lost, "work partition leases changed"
+                    ),
+                    Ok(_) => {}
+                    Err(error) => {
+                        warn!(relay_id = %self.id(), stage = "lease", %error, "lease maintenance failed");
+                        next_maintain = Instant::now() + Duration::from_secs(1);
+                    }
+                }
+            }
+            let partitions = self.leases.partitions(margin);
+            let rows = if partitions.is_empty() {
+                Vec::new()
+            } else {
+                match self.sql.claim(&self.pool, &partitions, i64::from(self.config.batch_size)).await {
+                    Ok(rows) => rows,
+                    Err(error) => {
+                        warn!(relay_id = %self.id(), stage = "claim", %error, "reading due events failed");
+                        idle_failures += 1;
+                        self.pause(
+                            backoff::delay(self.config.backoff_base, self.config.backoff_max, idle_failures),
+                            &shutdown,
+                        )
+                        .await;
+                        continue;
+                    }
+                }
+            };
+            if rows.is_empty() {
+                let until_maintain = next_maintain.saturating_duration_since(Instant::now());
+                tokio::select! {
+                    () = wake.notified() => {}
+                    () = tokio::time::sleep(self.config.poll_interval.min(until_maintain)) => {}
+                    () = shutdown.cancelled() => {}
+                }
+                continue;
+            }
+            let outcome = self.process(rows, margin).await;
+            if outcome.rows > 0 && outcome.acked == 0 && outcome.transient > 0 {
+                // The whole batch failed transiently (broker down?): back off as a whole
+                // instead of walking the backlog attempt by attempt.
+                idle_failures += 1;
+                self.pause(
+                    backoff::delay(self.config.backoff_base, self.config.backoff_max, idle_failures),
+                    &shutdown,
+                )
+                .await;
+            } else {
+                idle_failures = 0;
+            }
+        }
+
+        if let Err(error) = self.leases.release_all(&self.pool).await {
+            warn!(relay_id = %self.id(), stage = "shutdown", %error, "could not release leases; they expire by themselves");
+        }
+        tracker.wait().await;
+        info!(relay_id = %self.id(), published = self.stats.published(), "relay stopped");
+        Ok(())
+    }
+
+    async fn pause(&self, delay: Duration, shutdown: &CancellationToken) {
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = shutdown.cancelled() => {}
+        }
+    }
+
+    /// Publishes one batch and records the outcome of every row.
+    async fn process(&mut self, rows: Vec<Row>, margin: Duration) -> BatchOutcome {
+        let span = info_span!("relay_batch", relay_id = %self.id(), rows = rows.len());
+        async {
+            self.stats.batches.fetch_add(1, Ordering::Relaxed);
+            let chains = chains(rows);
+            let results = join_all(chains.iter().map(|chain| self.publish_chain(chain, margin))).await;
+
+            let mut outcome = BatchOutcome::default();
+            let mut marks = Marks::default();
+            for (row, sent) in results.into_iter().flatten() {
+                outcome.rows += 1;
+                let attempt = row.attempts + 1;
+                match sent {
+                    Sent::Acked(placement) => {
+                        outcome.acked += 1;
+                        marks.published.push((row.id, placement));
+                    }
+                    Sent::Transient(reason) if self.config.max_attempts.is_some_and(|max| attempt.unsigned_abs() >= max) => {
+                        warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
+                              attempt, stage = "publish", %reason, "event failed: attempts exhausted");
+                        marks.failed.push((row.id, format!("gave up after {attempt} attempts: {reason}")));
+                    }
+                    Sent::Transient(reason) => {
+                        outcome.transient += 1;
+                        let delay = backoff::delay(self.config.backoff_base, self.config.backoff_max, attempt.unsigned_abs());
+                        debug!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
+                               attempt, stage = "publish", %reason, retry_in = ?delay, "transient publish failure");
+                        marks.retry.push((row.id, delay, reason));
+                    }
+                    Sent::Permanent(reason) => {
+                        warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
+                              attempt, stage = "publish", %reason, "event failed permanently; its aggregate is held back");
+                        marks.failed.push((row.id, reason));
+                    }
+                }
+            }
+            let (partitions, tokens) = self.leases.fence();
+            let fence = Fence { relay_id: self.id(), partitions, tokens };
+            match self.sql.mark(&self.pool, &marks, &fence).await {
+                Ok(marked) => {
+                    self.stats.published.fetch_add(marked.published, Ordering::Relaxed);
+                    self.stats.retried.fetch_add(marked.retry, Ordering::Relaxed);
+                    self.stats.failed.fetch_add(marked.failed, Ordering::Relaxed);
+                    let asked = (marks.published.len() + marks.retry.len() + marks.failed.len()) as u64;
+                    let done = marked.published + marked.retry + marked.failed;
+                    if done < asked {
+                        self.stats.fenced.fetch_add(asked - done, Ordering::Relaxed);
+                        warn!(relay_id = %self.id(), stage = "mark", unmarked = asked - done,
+                              "rows not marked: their partition's lease passed to another relay, which publishes them again");
+                    }
+                }
+                Err(error) => {
+                    // Published but unmarked rows are published again later: a duplicate, never a loss.
+                    warn!(relay_id = %self.id(), stage = "mark", %error, "marking the batch failed; its rows will be published again");
+                }
+            }
+            if let Some(reason) = publish::fatal(&self.producer) {
+                warn!(relay_id = %self.id(), stage = "publish", %reason, "producer fatal error; creating a new producer");
+                match publish::producer(&self.config.brokers, self.config.message_timeout, &self.config.producer) {
+                    Ok(producer) => self.producer = producer,
+                    Err(error) => warn!(relay_id = %self.id(), %error, "cannot create a producer"),
+                }
+            }
+            outcome
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Sends one aggregate's rows in order, each after the previous one was acknowledged;
+    /// stops at the first that is not.
+    async fn publish_chain<'r>(&self, chain: &'r [Row], margin: Duration) -> Vec<(&'r Row, Sent)> {
+        let mut results = Vec::with_capacity(chain.len());
+        for row in chain {
+            if !self.leases.is_valid(row.work_partition, margin) {
+                break;
+            }
+            let sent = publish::send(&self.producer, row, &self.config.source).await;
+            let acked = matches!(sent, Sent::Acked(_));
+            results.push((row, sent));
+            if !acked {
+                break;
+            }
+        }
+        results
+    }
+}
+
+/// Groups a batch (ordered by id) into per-aggregate chains, each still ordered by id.
+fn chains(rows: Vec<Row>) -> Vec<Vec<Row>> {
+    let mut index: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut chains: Vec<Vec<Row>> = Vec::new();
+    for row in rows {
+        let key = (row.aggregate_type.clone(), row.aggregate_id.clone());
+        match index.get(&key) {
+            Some(&i) => chains[i].push(row),
+            None => {
+                index.insert(key, chains.len());
+                chains.push(vec![row]);
+            }
+        }
+    }
+    chains
+}
+
+/// Wakes the relay when an append commits (NOTIFY), reconnecting after connection loss.
+async fn listen(pool: PgPool, channel: String, wake: Arc<Notify>, shutdown: CancellationToken) {
+    while !shutdown.is_cancelled() {
+        let mut listener = match PgListener::connect_with(&pool).await {
+            Ok(listener) => listener,
+            Err(error) => {
+                warn!(stage = "listen", %error, "cannot connect the NOTIFY listener; polling meanwhile");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    () = shutdown.cancelled() => return,
+                }
+            }
+        };
+        if let Err(error) = listener.listen(&channel).await {
+            warn!(stage = "listen", %error, "LISTEN failed; polling meanwhile");
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                () = shutdown.cancelled() => return,
+            }
+        }
+        loop {
+            tokio::select! {
+                received = listener.try_recv() => match received {
+                    Ok(_) => wake.notify_one(), // a notification, or a reconnect after which we may have missed some
+                    Err(error) => {
+                        warn!(stage = "listen", %error, "NOTIFY listener failed; reconnecting");
+                        break;
+                    }
+                },
+                () = shutdown.cancelled() => return,
+            }
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Sending rows to Kafka and judging what the broker answered.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::ClientConfig;
+
+use super::claim::{Placement, Row};
+use crate::error::{Error, Result};
+
+/// Producer settings the relay's guarantees rest on; they cannot be overridden.
+const FIXED: &[(&str, &str)] = &[("acks", "all"), ("enable.idempotence", "true")];
+
+/// Builds the idempotent producer: `acks=all`, idempotence on, and `message.timeout.ms`
+/// bounded so that a batch ends (delivered or failed) well within a lease.
+pub(crate) fn producer(
+    brokers: &str,
+    message_timeout: Duration,
+    overrides: &BTreeMap<String, String>,
+) -> Result<FutureProducer> {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", brokers)
+        .set("message.timeout.ms", message_timeout.as_millis().to_string())
+        .set("linger.ms", "5")
+        .set("max.in.flight.requests.per.connection", "5")
+        .set("retry.backoff.ms", "100");
+    for (key, value) in overrides {
+        if FIXED.iter().any(|(k, _)| k == key) {
+            return Err(Error::Config(format!(
+                "producer setting {key} cannot be overridden: the relay needs acks=all and enable.idempotence=true"
+            )));
+        }
+        config.set(key, value);
+    }
+    for (key, value) in FIXED {
+        config.set(*key, *value);
+    }
+    Ok(config.create()?)
+}
+
+/// The Kafka headers of a row: CloudEvents binary mode plus the outbox's extensions and
+/// the row's extra headers.
+pub(crate) fn headers(row: &Row, source: &str) -> OwnedHeaders {
+    let event_id = row.event_id.to_string();
+    let schema_version = row.schema_version.to_string();
+    let aggregate_version = row.aggregate_version.map(|v| v.to_string());
+    let mut fixed: Vec<(&str, &str)> = vec![
+        ("ce_specversion", "1.0"),
+        ("ce_id", &event_id),
+        ("ce_type", &row.event_type),
+        ("ce_source", source),
+        ("ce_time", &row.created_at),
+        ("ce_subject", &row.aggregate_id),
+        ("content-type", "application/json"),
+        ("ce_schemaversion", &schema_version),
+        ("ce_aggregatetype", &row.aggregate_type),
+    ];
+    if let Some(v) = &aggregate_version {
+        fixed.push(("ce_aggregateversion", v));
+    }
+    let mut headers = OwnedHeaders::new_with_capacity(fixed.len() + 2);
+    for (key, value) in fixed {
+        headers = headers.insert(Header { key, value: Some(value.as_bytes()) });
+    }
+    // Extra headers were validated at append time; a row edited by hand into something
+    // that is not a string map still publishes, without them.
+    if let Ok(extra) = serde_json::from_str::<BTreeMap<String, String>>(&row.headers) {
+        for (key, value) in &extra {
+            headers = headers.insert(Header { key, value: Some(value.as_bytes()) });
+        }
+    }
+    headers
+}
+
+/// How a send ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Sent {
+    /// Acknowledged by the broker (acks=all).
+    Acked(Placement),
+    /// May succeed later: retry with backoff.
+    Transient(String),
+    /// Will fail again until something changes: quarantine the event.
+    Permanent(String),
+}
+
+/// Errors that repeat however often the same record is sent.
+fn is_permanent(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::MessageSizeTooLarge
+            | RDKafkaErrorCode::InvalidMessageSize
+            | RDKafkaErrorCode::InvalidTopic
+            | RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+            | RDKafkaErrorCode::InvalidRecord
+            | RDKafkaErrorCode::InvalidMessage
+            | RDKafkaErrorCode::UnsupportedForMessageFormat
+            | RDKafkaErrorCode::PolicyViolation
+            | RDKafkaErrorCode::InvalidRequiredAcks
+    )
+}
+
+pub(crate) fn judge(error: &KafkaError) -> Sent {
+    let reason = error.to_string();
+    match error.rdkafka_error_code() {
+        Some(code) if is_permanent(code) => Sent::Permanent(reason),
+        _ => Sent::Transient(reason),
+    }
+}
+
+/// Sends one row and waits for its delivery report.
+pub(crate) async fn send(producer: &FutureProducer, row: &Row, source: &str) -> Sent {
+    let record = FutureRecord::to(&row.topic)
+        .key(row.aggregate_id.as_bytes())
+        .payload(row.payload.as_bytes())
+        .headers(headers(row, source));
+    let delivery = match producer.send_result(record) {
+        Ok(delivery) => delivery,
+        Err((error, _)) => return judge(&error),
+    };
+    match delivery.await {
+        Ok(Ok(d)) => Sent::Acked(Placement { partition: d.partition, offset: d.offset }),
+        Ok(Err((error, _))) => judge(&error),
+        Err(_) => Sent::Transient("the producer dropped the delivery report".to_owned()),
+    }
+}
+
+/// Whether the producer hit a fatal error and must be replaced.
+pub(crate) fn fatal(producer: &FutureProducer) -> Option<String> {
+    producer.client().fatal_error().map(|(code, reason)| format!("{code:?}: {reason}"))
+}

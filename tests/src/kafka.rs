@@ -1,0 +1,148 @@
+//! The Kafka-protocol broker tests talk to: `KAFKA_BROKERS` when set (e.g. a Tansu process),
+//! otherwise librdkafka's in-process mock cluster. Tests that inject faults always use a
+//! mock cluster of their own ([`Kafka::mock`]).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+/// A broker for one test.
+pub struct Kafka {
+    mock: Option<MockCluster<'static, DefaultProducerContext>>,
+    bootstrap: String,
+}
+
+impl std::fmt::Debug for Kafka {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kafka")
+            .field("bootstrap", &self.bootstrap)
+            .field("mock", &self.mock.is_some())
+            .finish()
+    }
+}
+
+/// One record read back from a topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The record key.
+    pub key: String,
+    /// The value.
+    pub value: String,
+    /// Headers by name (last wins).
+    pub headers: BTreeMap<String, String>,
+    /// Kafka partition.
+    pub partition: i32,
+    /// Offset in it.
+    pub offset: i64,
+}
+
+impl Kafka {
+    /// `KAFKA_BROKERS` if set, else a fresh in-process mock cluster.
+    pub fn start() -> Kafka {
+        match std::env::var("KAFKA_BROKERS") {
+            Ok(bootstrap) if !bootstrap.is_empty() => Kafka { mock: None, bootstrap },
+            _ => Kafka::mock(),
+        }
+    }
+
+    /// A fresh in-process mock cluster with one broker (id 1), for fault injection.
+    pub fn mock() -> Kafka {
+        let mock = MockCluster::new(1).expect("mock cluster");
+        let bootstrap = mock.bootstrap_servers();
+        Kafka { mock: Some(mock), bootstrap }
+    }
+
+    /// The bootstrap servers.
+    pub fn bootstrap(&self) -> &str {
+        &self.bootstrap
+    }
+
+    /// The mock cluster, when this is one.
+    pub fn mock_cluster(&self) -> Option<&MockCluster<'static, DefaultProducerContext>> {
+        self.mock.as_ref()
+    }
+
+    /// Creates `topic` with `partitions` partitions unless it exists.
+    pub async fn create_topic(&self, topic: &str, partitions: i32) {
+        if let Some(mock) = &self.mock {
+            mock.create_topic(topic, partitions, 1).expect("create topic on the mock cluster");
+            return;
+        }
+        let admin: AdminClient<DefaultClientContext> =
+            ClientConfig::new().set("bootstrap.servers", &self.bootstrap).create().expect("admin client");
+        let results = admin
+            .create_topics(
+                &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+            )
+            .await
+            .expect("create topics");
+        for result in results {
+            match result {
+                Ok(_) | Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((name, code)) => panic!("cannot create topic {name}: {code:?}"),
+            }
+        }
+    }
+
+    /// Reads `topic` from the beginning until `done` holds for what was read, or `timeout`.
+    /// Returns every record read, in partition then offset order.
+    pub fn read_until(
+        &self,
+        topic: &str,
+        timeout: Duration,
+        done: impl Fn(&[Record]) -> bool,
+    ) -> Vec<Record> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("group.id", format!("outbox-tests-reader-{}", uuid::Uuid::new_v4()))
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("consumer");
+        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).expect("metadata");
+        let mut assignment = TopicPartitionList::new();
+        for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
+            assignment.add_partition_offset(topic, partition.id(), Offset::Beginning).expect("offset");
+        }
+        consumer.assign(&assignment).expect("assign");
+        let deadline = Instant::now() + timeout;
+        let mut records = Vec::new();
+        while Instant::now() < deadline && !done(&records) {
+            match consumer.poll(Duration::from_millis(200)) {
+                Some(Ok(message)) => {
+                    let headers = message
+                        .headers()
+                        .map(|hs| {
+                            hs.iter()
+                                .map(|h| {
+                                    (
+                                        h.key.to_owned(),
+                                        String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                                    )
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    records.push(Record {
+                        key: String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned(),
+                        value: String::from_utf8_lossy(message.payload().unwrap_or_default()).into_owned(),
+                        headers,
+                        partition: message.partition(),
+                        offset: message.offset(),
+                    });
+                }
+                Some(Err(error)) => eprintln!("reader: {error}"),
+                None => {}
+            }
+        }
+        records.sort_by_key(|r| (r.partition, r.offset));
+        records
+    }
+}

@@ -1,0 +1,370 @@
+//! The relay against real PostgreSQL and a Kafka-protocol broker (`KAFKA_BROKERS`, or the
+//! in-process mock cluster). Fault tests name the fault and the invariant; those that need
+//! fault injection run on a mock cluster of their own whatever `KAFKA_BROKERS` says.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use outbox_runtime::relay::{Relay, RelayConfig, RelayStats};
+use outbox_runtime::{AppendOptions, NewEvent, Outbox};
+use outbox_tests::kafka::{Kafka, Record};
+use outbox_tests::{eventually, migrate, rows_in, Step};
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use sqlx::PgPool;
+use std::sync::Arc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+const TOPIC: &str = "outbox-test-steps";
+
+/// Settings that keep tests quick: short leases, timeouts and backoff.
+fn quick(kafka: &Kafka) -> RelayConfig {
+    RelayConfig::new(kafka.bootstrap())
+        .poll_interval(Duration::from_millis(200))
+        .lease_ttl(Duration::from_secs(6))
+        .message_timeout(Duration::from_secs(2))
+        .backoff_base(Duration::from_millis(200))
+        .backoff_max(Duration::from_secs(2))
+}
+
+struct Running {
+    stop: CancellationToken,
+    task: JoinHandle<outbox_runtime::Result<()>>,
+    stats: Arc<RelayStats>,
+}
+
+impl Running {
+    async fn shutdown(self) {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(20), self.task)
+            .await
+            .expect("relay stops within 20 s")
+            .expect("relay task")
+            .expect("relay ends cleanly");
+    }
+}
+
+fn start(pool: &PgPool, outbox: &Outbox, config: RelayConfig) -> Running {
+    let relay = Relay::new(pool.clone(), outbox.clone(), config).expect("relay");
+    let stats = relay.stats();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(relay.run(stop.clone()));
+    Running { stop, task, stats }
+}
+
+/// Appends steps 1..=n of aggregate `id` in one transaction; returns their event ids.
+async fn append_steps(pool: &PgPool, outbox: &Outbox, id: &str, n: i64, data: &str) -> Vec<Uuid> {
+    let events: Vec<NewEvent> = (1..=n)
+        .map(|k| {
+            let step = Step { id: id.to_owned(), n: k, data: data.to_owned() };
+            NewEvent::new(&step, AppendOptions::default().aggregate_version(k).header("x-test", "yes"))
+                .expect("event")
+        })
+        .collect();
+    let mut tx = pool.begin().await.expect("begin");
+    outbox.append_batch(&mut tx, &events).await.expect("append");
+    tx.commit().await.expect("commit");
+    events.iter().map(NewEvent::event_id).collect()
+}
+
+fn records_for<'r>(records: &'r [Record], key: &str) -> Vec<&'r Record> {
+    records.iter().filter(|r| r.key == key).collect()
+}
+
+fn has_all(ids: &[Uuid]) -> impl Fn(&[Record]) -> bool + '_ {
+    move |records: &[Record]| {
+        ids.iter().all(|id| records.iter().any(|r| r.headers.get("ce_id") == Some(&id.to_string())))
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn publishes_key_value_and_cloudevents_headers_then_marks(pool: PgPool) {
+    let kafka = Kafka::start();
+    kafka.create_topic(TOPIC, 3).await;
+    let outbox = migrate(&pool).await;
+    let (a, b) = (format!("a-{}", Uuid::new_v4()), format!("b-{}", Uuid::new_v4()));
+    let mut ids = append_steps(&pool, &outbox, &a, 3, "alpha").await;
+    ids.extend(append_steps(&pool, &outbox, &b, 2, "beta").await);
+
+    let relay = start(&pool, &outbox, quick(&kafka));
+    assert!(eventually(Duration::from_secs(30), || async { rows_in(&pool, "published").await == 5 }).await);
+    relay.shutdown().await;
+
+    let records = kafka.read_until(TOPIC, Duration::from_secs(30), has_all(&ids));
+    let rows: Vec<(Uuid, String, String, i64, i32, i64)> = sqlx::query_as(
+        "SELECT event_id, aggregate_id, payload::text, aggregate_version, kafka_partition, kafka_offset \
+         FROM outbox WHERE published_at IS NOT NULL ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("rows");
+    assert_eq!(rows.len(), 5);
+    for (event_id, aggregate_id, payload, version, partition, offset) in rows {
+        let found: Vec<&Record> =
+            records.iter().filter(|r| r.headers.get("ce_id") == Some(&event_id.to_string())).collect();
+        assert_eq!(found.len(), 1, "event {event_id} is in the topic once");
+        let r = found[0];
+        assert_eq!((r.partition, r.offset), (partition, offset), "marked with where Kafka put it");
+        assert_eq!(r.key, aggregate_id);
+        assert_eq!(r.value, payload);
+        let h = |k: &str| r.headers.get(k).map(String::as_str);
+        assert_eq!(h("ce_specversion"), Some("1.0"));
+        assert_eq!(h("ce_type"), Some("test.step"));
+        assert_eq!(h("ce_source"), Some("/outbox"));
+        assert_eq!(h("ce_subject"), Some(aggregate_id.as_str()));
+        assert_eq!(h("content-type"), Some("application/json"));
+        assert_eq!(h("ce_schemaversion"), Some("1"));
+        assert_eq!(h("ce_aggregatetype"), Some("test"));
+        assert_eq!(h("ce_aggregateversion"), Some(version.to_string().as_str()));
+        assert_eq!(h("x-test"), Some("yes"));
+        let time = h("ce_time").expect("ce_time");
+        assert!(time.len() == 27 && time.ends_with('Z') && &time[10..11] == "T", "RFC 3339 UTC: {time}");
+    }
+    for key in [&a, &b] {
+        let versions: Vec<String> =
+            records_for(&records, key).iter().map(|r| r.headers["ce_aggregateversion"].clone()).collect();
+        let expected: Vec<String> = (1..=versions.len()).map(|v| v.to_string()).collect();
+        assert_eq!(versions, expected, "aggregate {key} in order");
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn mock_broker_down_marks_nothing_early_backs_off_then_publishes_all(pool: PgPool) {
+    // Fault: the only broker is down for ~7 s. Invariants 3 (published_at only after the
+    // ack) and 6 (transient errors back off exponentially and keep the row pending).
+    let kafka = Kafka::mock();
+    let mock = kafka.mock_cluster().expect("mock");
+    kafka.create_topic(TOPIC, 3).await;
+    let outbox = migrate(&pool).await;
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.extend(append_steps(&pool, &outbox, &format!("down-{i}"), 2, "x").await);
+    }
+    mock.broker_down(1).expect("broker down");
+    let relay = start(
+        &pool,
+        &outbox,
+        quick(&kafka).message_timeout(Duration::from_millis(400)).lease_ttl(Duration::from_secs(3)),
+    );
+
+    // Watch one head row: each new attempt shows the delay chosen before the next one.
+    let mut delays_by_attempt: BTreeMap<i32, f64> = BTreeMap::new();
+    let watch_until = std::time::Instant::now() + Duration::from_secs(7);
+    while std::time::Instant::now() < watch_until {
+        let (attempts, wait): (i32, f64) = sqlx::query_as(
+            "SELECT attempts, CASE WHEN attempts > 0 THEN EXTRACT(EPOCH FROM next_attempt_at - now())::float8 ELSE 0 END \
+             FROM outbox WHERE aggregate_id = 'down-0' ORDER BY id LIMIT 1",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("row");
+        if attempts > 0 {
+            delays_by_attempt.entry(attempts).or_insert(wait);
+        }
+        assert_eq!(
+            rows_in(&pool, "published").await,
+            0,
+            "nothing is marked published while the broker is down"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
+            .fetch_one(&pool)
+            .await
+            .expect("count"),
+        0
+    );
+    mock.broker_up(1).expect("broker up");
+    assert!(
+        eventually(Duration::from_secs(40), || async { rows_in(&pool, "published").await == 10 }).await,
+        "all published after recovery"
+    );
+    relay.shutdown().await;
+
+    // base 200 ms, equal jitter: attempt 1 waits 100-200 ms, attempt 3 waits 400-800 ms.
+    eprintln!("observed delays by attempt: {delays_by_attempt:?}");
+    let first = delays_by_attempt.get(&1).copied().expect("a first failed attempt was seen");
+    assert!(first <= 0.25, "first retry delay {first}");
+    let later = delays_by_attempt
+        .range(3..)
+        .next()
+        .map(|(_, d)| *d)
+        .expect("a third attempt happened during the outage");
+    assert!(later > 0.3 && later > first, "delays grow: {delays_by_attempt:?}");
+    assert!(relay_attempts_bounded(&pool).await, "attempts stay few during the outage");
+    let records = kafka.read_until(TOPIC, Duration::from_secs(30), has_all(&ids));
+    assert!(has_all(&ids)(&records));
+}
+
+async fn relay_attempts_bounded(pool: &PgPool) -> bool {
+    let max: i32 = sqlx::query_scalar("SELECT max(attempts) FROM outbox").fetch_one(pool).await.expect("max");
+    // 7 s down: librdkafka reports timeouts about once a second, and delays grow.
+    (2..=8).contains(&max)
+}
+
+#[sqlx::test(migrations = false)]
+async fn mock_retriable_produce_errors_are_retried_without_duplicates(pool: PgPool) {
+    // Fault: the broker answers Produce with retriable errors (not enough replicas, leader
+    // moved). Invariant 3: rows are marked only once acknowledged; the idempotent producer
+    // retries without writing twice.
+    let kafka = Kafka::mock();
+    let mock = kafka.mock_cluster().expect("mock");
+    kafka.create_topic(TOPIC, 1).await;
+    let outbox = migrate(&pool).await;
+    let ids = append_steps(&pool, &outbox, "retriable", 4, "x").await;
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+        ],
+    );
+    let relay = start(&pool, &outbox, quick(&kafka));
+    assert!(eventually(Duration::from_secs(30), || async { rows_in(&pool, "published").await == 4 }).await);
+    relay.shutdown().await;
+    let records = kafka.read_until(TOPIC, Duration::from_secs(20), has_all(&ids));
+    let versions: Vec<&str> = records.iter().map(|r| r.headers["ce_aggregateversion"].as_str()).collect();
+    assert_eq!(versions, ["1", "2", "3", "4"], "each once, in order");
+}
+
+#[sqlx::test(migrations = false)]
+async fn record_too_large_fails_that_event_and_holds_back_only_its_aggregate(pool: PgPool) {
+    // Fault: one record is larger than the producer/broker accepts (message.max.bytes).
+    // Invariant 6: that event ends `failed` with its reason, later events of its aggregate
+    // stay pending, other aggregates are all published.
+    let kafka = Kafka::start();
+    kafka.create_topic(TOPIC, 3).await;
+    let outbox = migrate(&pool).await;
+    let poisoned = format!("poisoned-{}", Uuid::new_v4());
+    let small = |n: i64| {
+        NewEvent::new(
+            &Step { id: poisoned.clone(), n, data: "s".into() },
+            AppendOptions::default().aggregate_version(n),
+        )
+        .expect("event")
+    };
+    let big = NewEvent::new(
+        &Step { id: poisoned.clone(), n: 2, data: "L".repeat(8_000) },
+        AppendOptions::default().aggregate_version(2),
+    )
+    .expect("event");
+    let mut tx = pool.begin().await.expect("begin");
+    outbox.append_batch(&mut tx, &[small(1), big, small(3)]).await.expect("append");
+    tx.commit().await.expect("commit");
+    let mut others = Vec::new();
+    for i in 0..6 {
+        others
+            .extend(append_steps(&pool, &outbox, &format!("healthy-{i}-{}", Uuid::new_v4()), 3, "ok").await);
+    }
+
+    let relay = start(&pool, &outbox, quick(&kafka).producer_setting("message.max.bytes", "4096"));
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            rows_in(&pool, "published").await == 19 && rows_in(&pool, "failed").await == 1
+        })
+        .await
+    );
+    // Give the relay a few more rounds: the held-back event must stay pending.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    relay.shutdown().await;
+
+    let rows: Vec<(Option<i64>, String, i32, Option<String>)> = sqlx::query_as(
+        "SELECT aggregate_version, status, attempts, last_error FROM outbox WHERE aggregate_id = $1 ORDER BY id",
+    )
+    .bind(&poisoned)
+    .fetch_all(&pool)
+    .await
+    .expect("rows");
+    assert_eq!((rows[0].0, rows[0].1.as_str()), (Some(1), "published"));
+    assert_eq!((rows[1].0, rows[1].1.as_str(), rows[1].2), (Some(2), "failed", 1));
+    let reason = rows[1].3.clone().unwrap_or_default();
+    assert!(reason.to_lowercase().contains("too large"), "reason names the cause: {reason}");
+    assert_eq!(
+        (rows[2].0, rows[2].1.as_str(), rows[2].2),
+        (Some(3), "pending", 0),
+        "held back, never attempted"
+    );
+    let records = kafka.read_until(TOPIC, Duration::from_secs(30), has_all(&others));
+    assert!(has_all(&others)(&records), "every other aggregate is published");
+    let poisoned_versions: Vec<&str> =
+        records_for(&records, &poisoned).iter().map(|r| r.headers["ce_aggregateversion"].as_str()).collect();
+    assert_eq!(poisoned_versions, ["1"]);
+}
+
+#[sqlx::test(migrations = false)]
+async fn notify_wakes_the_relay_long_before_the_poll_interval(pool: PgPool) {
+    let kafka = Kafka::start();
+    kafka.create_topic(TOPIC, 1).await;
+    let outbox = migrate(&pool).await;
+    let relay = start(&pool, &outbox, quick(&kafka).poll_interval(Duration::from_secs(120)));
+    // Let it take its leases and settle into waiting.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox_leases WHERE owner IS NOT NULL")
+                .fetch_one(&pool)
+                .await
+                .expect("leases")
+                == 32
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    append_steps(&pool, &outbox, &format!("wake-{}", Uuid::new_v4()), 1, "x").await;
+    assert!(
+        eventually(Duration::from_secs(15), || async { rows_in(&pool, "published").await == 1 }).await,
+        "published well before the 120 s poll"
+    );
+    relay.shutdown().await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn relays_share_partitions_and_shutdown_hands_over_at_once(pool: PgPool) {
+    let kafka = Kafka::start();
+    kafka.create_topic(TOPIC, 3).await;
+    let outbox = migrate(&pool).await;
+    let config = quick(&kafka).lease_ttl(Duration::from_secs(3)).message_timeout(Duration::from_secs(1));
+    let first = start(&pool, &outbox, config.clone());
+    let second = start(&pool, &outbox, config.clone());
+    let owners = || async {
+        sqlx::query_as::<_, (Uuid, i64)>(
+            "SELECT owner, count(*) FROM outbox_leases WHERE owner IS NOT NULL AND expires_at > now() GROUP BY owner",
+        )
+        .fetch_all(&pool)
+        .await
+        .expect("owners")
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            owners().await.iter().map(|o| o.1).collect::<Vec<_>>() == [16, 16]
+        })
+        .await,
+        "two relays hold 16 partitions each: {:?}",
+        owners().await
+    );
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.extend(append_steps(&pool, &outbox, &format!("share-{i}-{}", Uuid::new_v4()), 2, "x").await);
+    }
+    assert!(eventually(Duration::from_secs(30), || async { rows_in(&pool, "published").await == 40 }).await);
+    assert!(first.stats.published() > 0 && second.stats.published() > 0, "both relays published");
+    assert_eq!(first.stats.published() + second.stats.published(), 40);
+
+    // Graceful shutdown gives the leases back: the other relay takes all without waiting for expiry.
+    first.shutdown().await;
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            owners().await.iter().map(|o| o.1).collect::<Vec<_>>() == [32]
+        })
+        .await,
+        "the remaining relay holds every partition: {:?}",
+        owners().await
+    );
+    ids.extend(append_steps(&pool, &outbox, &format!("after-{}", Uuid::new_v4()), 3, "x").await);
+    assert!(eventually(Duration::from_secs(30), || async { rows_in(&pool, "published").await == 43 }).await);
+    second.shutdown().await;
+    let records = kafka.read_until(TOPIC, Duration::from_secs(30), has_all(&ids));
+    assert!(has_all(&ids)(&records));
+}
