@@ -77,6 +77,25 @@ impl Outbox {
         batch_size: u32,
         stop: &CancellationToken,
     ) -> Result<u64> {
+        let mut total = 0;
+        while !stop.is_cancelled() {
+            let deleted = self.delete_published_batch(pool, older_than, batch_size).await?;
+            total += deleted;
+            if deleted < u64::from(batch_size) {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
+    /// Deletes at most `batch_size` rows published more than `older_than` ago, oldest
+    /// first, in one short statement. Returns how many were deleted.
+    pub async fn delete_published_batch(
+        &self,
+        pool: &PgPool,
+        older_than: Duration,
+        batch_size: u32,
+    ) -> Result<u64> {
         let sql = format!(
             "DELETE FROM {t} WHERE id IN ( \
                SELECT id FROM {t} WHERE status = 'published' \
@@ -85,19 +104,11 @@ impl Outbox {
             t = self.names().outbox
         );
         let older_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
-        let mut total = 0;
-        while !stop.is_cancelled() {
-            let deleted = sqlx::query(AssertSqlSafe(sql.as_str()))
-                .bind(older_ms)
-                .bind(i64::from(batch_size))
-                .execute(pool)
-                .await?
-                .rows_affected();
-            total += deleted;
-            if deleted < u64::from(batch_size) {
-                break;
-            }
-        }
-        Ok(total)
+        Ok(sqlx::query(AssertSqlSafe(sql))
+            .bind(older_ms)
+            .bind(i64::from(batch_size))
+            .execute(pool)
+            .await?
+            .rows_affected())
     }
 }

@@ -461,6 +461,9 @@ fn chains(rows: Vec<Row>) -> Vec<Vec<Row>> {
     chains
 }
 
+#[cfg(test)]
+mod tests;
+
 /// Wakes the relay when an append commits (NOTIFY), reconnecting after connection loss.
 async fn listen(pool: PgPool, channel: String, wake: Arc<Notify>, shutdown: CancellationToken) {
     while !shutdown.is_cancelled() {

@@ -1,0 +1,47 @@
+//! Cleanup of published rows (invariant 10), against real PostgreSQL.
+
+use std::time::Duration;
+
+use outbox_runtime::{AppendOptions, NewEvent};
+use outbox_tests::{migrate, rows_in, Step};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);
+
+#[sqlx::test(migrations = false)]
+async fn cleanup_deletes_only_published_rows_past_retention_in_bounded_batches(pool: PgPool) {
+    let outbox = migrate(&pool).await;
+    let events: Vec<NewEvent> = (0..45)
+        .map(|n| {
+            NewEvent::new(
+                &Step { id: format!("c-{}", n % 9), n, data: String::new() },
+                AppendOptions::default(),
+            )
+            .expect("event")
+        })
+        .collect();
+    let mut tx = pool.begin().await.expect("begin");
+    outbox.append_batch(&mut tx, &events).await.expect("append");
+    tx.commit().await.expect("commit");
+    // 30 published 10 days ago, 5 published an hour ago, 5 failed 10 days ago, 5 pending.
+    sqlx::query(
+        "UPDATE outbox SET created_at = now() - interval '11 days', \
+           status = CASE WHEN id <= 30 THEN 'published' WHEN id <= 35 THEN 'published' WHEN id <= 40 THEN 'failed' ELSE 'pending' END, \
+           published_at = CASE WHEN id <= 30 THEN now() - interval '10 days' WHEN id <= 35 THEN now() - interval '1 hour' END",
+    )
+    .execute(&pool)
+    .await
+    .expect("age rows");
+
+    let first = outbox.delete_published_batch(&pool, WEEK, 10).await.expect("batch");
+    assert_eq!(first, 10, "one batch deletes at most its size");
+    let rest = outbox.delete_published(&pool, WEEK, 10, &CancellationToken::new()).await.expect("cleanup");
+    assert_eq!(rest, 20);
+    assert_eq!(rows_in(&pool, "published").await, 5, "recently published rows stay");
+    assert_eq!(rows_in(&pool, "failed").await, 5, "failed rows are never cleaned up");
+    assert_eq!(rows_in(&pool, "pending").await, 5, "pending rows are never cleaned up");
+    let oldest_left: i64 =
+        sqlx::query_scalar("SELECT min(id) FROM outbox").fetch_one(&pool).await.expect("min");
+    assert_eq!(oldest_left, 31);
+}
