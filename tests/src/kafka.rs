@@ -92,14 +92,10 @@ impl Kafka {
         }
     }
 
-    /// Reads `topic` from the beginning until `done` holds for what was read, or `timeout`.
-    /// Returns every record read, in partition then offset order.
-    pub fn read_until(
-        &self,
-        topic: &str,
-        timeout: Duration,
-        done: impl Fn(&[Record]) -> bool,
-    ) -> Vec<Record> {
+    /// Reads every record of `topic` below its high watermarks at the time of the call,
+    /// partition by partition (one assigned partition at a time works with every broker
+    /// tried), within `timeout`. Returns them in partition then offset order.
+    pub fn read_all(&self, topic: &str, timeout: Duration) -> Vec<Record> {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &self.bootstrap)
             .set("group.id", format!("outbox-tests-reader-{}", uuid::Uuid::new_v4()))
@@ -107,48 +103,50 @@ impl Kafka {
             .create()
             .expect("consumer");
         let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).expect("metadata");
-        let mut assignment = TopicPartitionList::new();
-        for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
-            assignment.add_partition_offset(topic, partition.id(), Offset::Beginning).expect("offset");
-        }
-        consumer.assign(&assignment).expect("assign");
+        let partitions: Vec<i32> =
+            metadata.topics().iter().flat_map(|t| t.partitions()).map(|p| p.id()).collect();
         let deadline = Instant::now() + timeout;
         let started = Instant::now();
         let mut records = Vec::new();
-        // `done` may be costly on many records: judge at most every 250 ms.
-        let mut next_check = Instant::now();
-        loop {
-            if Instant::now() >= next_check {
-                if done(&records) || Instant::now() >= deadline {
-                    break;
-                }
-                next_check = Instant::now() + Duration::from_millis(250);
+        for partition in partitions {
+            let (low, high) =
+                consumer.fetch_watermarks(topic, partition, Duration::from_secs(10)).expect("watermarks");
+            if high <= low {
+                continue;
             }
-            match consumer.poll(Duration::from_millis(100)) {
-                Some(Ok(message)) => {
-                    let headers = message
-                        .headers()
-                        .map(|hs| {
-                            hs.iter()
-                                .map(|h| {
-                                    (
-                                        h.key.to_owned(),
-                                        String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
-                                    )
-                                })
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    records.push(Record {
-                        key: String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned(),
-                        value: String::from_utf8_lossy(message.payload().unwrap_or_default()).into_owned(),
-                        headers,
-                        partition: message.partition(),
-                        offset: message.offset(),
-                    });
+            let mut assignment = TopicPartitionList::new();
+            assignment.add_partition_offset(topic, partition, Offset::Offset(low)).expect("offset");
+            consumer.assign(&assignment).expect("assign");
+            let mut next = low;
+            while next < high && Instant::now() < deadline {
+                match consumer.poll(Duration::from_millis(200)) {
+                    Some(Ok(message)) => {
+                        next = message.offset() + 1;
+                        let headers = message
+                            .headers()
+                            .map(|hs| {
+                                hs.iter()
+                                    .map(|h| {
+                                        (
+                                            h.key.to_owned(),
+                                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                                        )
+                                    })
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                        records.push(Record {
+                            key: String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned(),
+                            value: String::from_utf8_lossy(message.payload().unwrap_or_default())
+                                .into_owned(),
+                            headers,
+                            partition: message.partition(),
+                            offset: message.offset(),
+                        });
+                    }
+                    Some(Err(error)) => eprintln!("reader: {error}"),
+                    None => {}
                 }
-                Some(Err(error)) => eprintln!("reader: {error}"),
-                None => {}
             }
         }
         eprintln!("read {} records of {topic} in {:.1}s", records.len(), started.elapsed().as_secs_f64());

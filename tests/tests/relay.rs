@@ -91,7 +91,7 @@ async fn publishes_key_value_and_cloudevents_headers_then_marks(pool: PgPool) {
     assert!(eventually(Duration::from_secs(30), || async { rows_in(&pool, "published").await == 5 }).await);
     relay.shutdown().await;
 
-    let records = kafka.read_until(TOPIC, Duration::from_secs(30), has_all(&ids));
+    let records = kafka.read_all(TOPIC, Duration::from_secs(30));
     let rows: Vec<(Uuid, String, String, i64, i32, i64)> = sqlx::query_as(
         "SELECT event_id, aggregate_id, payload::text, aggregate_version, kafka_partition, kafka_offset \
          FROM outbox WHERE published_at IS NOT NULL ORDER BY id",
@@ -194,7 +194,7 @@ async fn mock_broker_down_marks_nothing_early_backs_off_then_publishes_all(pool:
         .expect("a third attempt happened during the outage");
     assert!(later > 0.3 && later > first, "delays grow: {delays_by_attempt:?}");
     assert!(relay_attempts_bounded(&pool).await, "attempts stay few during the outage");
-    let records = kafka.read_until(TOPIC, Duration::from_secs(30), has_all(&ids));
+    let records = kafka.read_all(TOPIC, Duration::from_secs(30));
     assert!(has_all(&ids)(&records));
 }
 
@@ -225,7 +225,7 @@ async fn mock_retriable_produce_errors_are_retried_without_duplicates(pool: PgPo
     let relay = start(&pool, &outbox, quick(&kafka));
     assert!(eventually(Duration::from_secs(30), || async { rows_in(&pool, "published").await == 4 }).await);
     relay.shutdown().await;
-    let records = kafka.read_until(TOPIC, Duration::from_secs(20), has_all(&ids));
+    let records = kafka.read_all(TOPIC, Duration::from_secs(20));
     let versions: Vec<&str> = records.iter().map(|r| r.headers["ce_aggregateversion"].as_str()).collect();
     assert_eq!(versions, ["1", "2", "3", "4"], "each once, in order");
 }
@@ -287,7 +287,7 @@ async fn record_too_large_fails_that_event_and_holds_back_only_its_aggregate(poo
         (Some(3), "pending", 0),
         "held back, never attempted"
     );
-    let records = kafka.read_until(TOPIC, Duration::from_secs(30), has_all(&others));
+    let records = kafka.read_all(TOPIC, Duration::from_secs(30));
     assert!(has_all(&others)(&records), "every other aggregate is published");
     let poisoned_versions: Vec<&str> =
         records_for(&records, &poisoned).iter().map(|r| r.headers["ce_aggregateversion"].as_str()).collect();
@@ -365,6 +365,6 @@ async fn relays_share_partitions_and_shutdown_hands_over_at_once(pool: PgPool) {
     ids.extend(append_steps(&pool, &outbox, &format!("after-{}", Uuid::new_v4()), 3, "x").await);
     assert!(eventually(Duration::from_secs(30), || async { rows_in(&pool, "published").await == 43 }).await);
     second.shutdown().await;
-    let records = kafka.read_until(TOPIC, Duration::from_secs(30), has_all(&ids));
+    let records = kafka.read_all(TOPIC, Duration::from_secs(30));
     assert!(has_all(&ids)(&records));
 }

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 // Linked for its registered events.
 use outbox_examples as _;
 
+mod broker;
 mod schema;
 
 #[derive(Parser)]
@@ -23,6 +24,8 @@ enum Command {
     /// Event JSON Schemas: generate, check, compare.
     #[command(subcommand)]
     Schema(schema::SchemaCommand),
+    /// Hosts a development Kafka broker (librdkafka's mock cluster) until Ctrl-C.
+    Broker(broker::BrokerArgs),
 }
 
 /// The workspace root (where `schemas/` lives).
@@ -35,5 +38,6 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Schema(cmd) => schema::run(cmd),
+        Command::Broker(args) => broker::run(args),
     }
 }

@@ -1,0 +1,111 @@
+//! `cargo xtask broker`: a development Kafka broker in this process (librdkafka's mock
+//! cluster, no install), for the demo and for relay processes started by hand.
+//!
+//! Not for production and not for transactions: it keeps at most 5 MB per partition in
+//! memory and forgets everything when it stops.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use rdkafka::mocking::MockCluster;
+
+#[derive(Args)]
+pub(crate) struct BrokerArgs {
+    /// A topic to create, as NAME or NAME:PARTITIONS (default partitions: 6). Repeatable.
+    #[arg(long = "topic", value_name = "NAME[:PARTITIONS]", default_values_t = [String::from("orders:6")])]
+    topics: Vec<String>,
+    /// Number of brokers in the cluster.
+    #[arg(long, default_value_t = 1)]
+    brokers: i32,
+    /// Also write the bootstrap address to this file (for scripts).
+    #[arg(long, value_name = "PATH")]
+    addr_file: Option<PathBuf>,
+}
+
+fn parse_topic(spec: &str) -> Result<(&str, i32), String> {
+    let (name, partitions) = match spec.split_once(':') {
+        Some((name, n)) => {
+            (name, n.parse::<i32>().map_err(|_| format!("--topic {spec:?}: partitions must be a number"))?)
+        }
+        None => (spec, 6),
+    };
+    if name.is_empty() || partitions < 1 {
+        return Err(format!("--topic {spec:?}: expected NAME or NAME:PARTITIONS with at least 1 partition"));
+    }
+    Ok((name, partitions))
+}
+
+pub(crate) fn run(args: BrokerArgs) -> ExitCode {
+    let topics: Vec<(&str, i32)> = match args.topics.iter().map(|t| parse_topic(t)).collect() {
+        Ok(topics) => topics,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let cluster = match MockCluster::new(args.brokers) {
+        Ok(cluster) => cluster,
+        Err(e) => {
+            eprintln!("error: cannot start the mock cluster: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    for (name, partitions) in &topics {
+        if let Err(e) = cluster.create_topic(name, *partitions, 1) {
+            eprintln!("error: cannot create topic {name}: {e}");
+            return ExitCode::from(1);
+        }
+    }
+    let bootstrap = cluster.bootstrap_servers();
+    if let Some(path) = &args.addr_file {
+        if let Err(e) = std::fs::write(path, &bootstrap) {
+            eprintln!("error: {}: cannot write: {e}", path.display());
+            return ExitCode::from(2);
+        }
+    }
+    let listed: Vec<String> = topics.iter().map(|(n, p)| format!("{n} ({p} partitions)")).collect();
+    println!("dev broker (librdkafka mock cluster) at {bootstrap}");
+    println!("topics: {}", listed.join(", "));
+    println!("export KAFKA_BROKERS={bootstrap}");
+    println!("stop with Ctrl-C");
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    runtime.block_on(wait_for_signal());
+    drop(cluster);
+    ExitCode::SUCCESS
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_topic;
+
+    #[test]
+    fn topic_specs_are_checked() {
+        assert_eq!(parse_topic("orders"), Ok(("orders", 6)));
+        assert_eq!(parse_topic("orders:3"), Ok(("orders", 3)));
+        assert!(parse_topic("orders:x").unwrap_err().contains("partitions must be a number"));
+        assert!(parse_topic(":3").is_err());
+        assert!(parse_topic("orders:0").is_err());
+    }
+}

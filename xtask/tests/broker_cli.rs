@@ -1,0 +1,51 @@
+//! `cargo xtask broker`: a dev broker other processes can reach, stopped cleanly by SIGTERM.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::ClientConfig;
+
+#[test]
+fn dev_broker_serves_its_topics_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let addr_file = dir.path().join("addr");
+    let mut broker = Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .args(["broker", "--topic", "orders:3", "--topic", "audit", "--addr-file"])
+        .arg(&addr_file)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start broker");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !addr_file.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let bootstrap = std::fs::read_to_string(&addr_file).expect("the broker wrote its address");
+    assert!(bootstrap.starts_with("127.0.0.1:"), "{bootstrap}");
+
+    let consumer: BaseConsumer =
+        ClientConfig::new().set("bootstrap.servers", &bootstrap).create().expect("client");
+    let metadata =
+        consumer.fetch_metadata(None, Duration::from_secs(10)).expect("metadata from another process");
+    let partitions =
+        |name: &str| metadata.topics().iter().find(|t| t.name() == name).map(|t| t.partitions().len());
+    assert_eq!(partitions("orders"), Some(3));
+    assert_eq!(partitions("audit"), Some(6));
+
+    let status = Command::new("kill").args(["-TERM", &broker.id().to_string()]).status().expect("kill");
+    assert!(status.success());
+    let exit = broker.wait().expect("wait");
+    assert_eq!(exit.code(), Some(0), "SIGTERM stops it cleanly");
+}
+
+#[test]
+fn bad_topic_spec_exits_2() {
+    let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .args(["broker", "--topic", "orders:many"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--topic \"orders:many\": partitions must be a number")
+    );
+}
