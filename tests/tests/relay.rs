@@ -228,6 +228,8 @@ async fn mock_retriable_produce_errors_are_retried_without_duplicates(pool: PgPo
     let records = kafka.read_all(TOPIC, Duration::from_secs(20));
     let versions: Vec<&str> = records.iter().map(|r| r.headers["ce_aggregateversion"].as_str()).collect();
     assert_eq!(versions, ["1", "2", "3", "4"], "each once, in order");
+    let event_ids: Vec<String> = records.iter().map(|r| r.headers["ce_id"].clone()).collect();
+    assert_eq!(event_ids, ids.iter().map(Uuid::to_string).collect::<Vec<_>>());
 }
 
 #[sqlx::test(migrations = false)]
