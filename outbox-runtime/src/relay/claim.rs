@@ -132,6 +132,19 @@ impl Statements {
     }
 }
 
+/// Binds the fence as the last three parameters of a mark and runs it.
+trait Fenced {
+    async fn fenced(self, fence: &Fence, pool: &PgPool) -> Result<u64>;
+}
+
+impl Fenced for sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    async fn fenced(self, fence: &Fence, pool: &PgPool) -> Result<u64> {
+        let done =
+            self.bind(fence.relay_id).bind(&fence.partitions).bind(&fence.tokens).execute(pool).await?;
+        Ok(done.rows_affected())
+    }
+}
+
 /// The fencing credentials of a mark.
 #[derive(Debug, Clone)]
 pub(crate) struct Fence {
@@ -168,12 +181,8 @@ impl Statements {
                 .bind(ids)
                 .bind(parts)
                 .bind(offsets)
-                .bind(fence.relay_id)
-                .bind(&fence.partitions)
-                .bind(&fence.tokens)
-                .execute(pool)
-                .await?
-                .rows_affected();
+                .fenced(fence, pool)
+                .await?;
         }
         if !marks.retry.is_empty() {
             let ids: Vec<i64> = marks.retry.iter().map(|(id, _, _)| *id).collect();
@@ -187,25 +196,14 @@ impl Statements {
                 .bind(ids)
                 .bind(delays)
                 .bind(errors)
-                .bind(fence.relay_id)
-                .bind(&fence.partitions)
-                .bind(&fence.tokens)
-                .execute(pool)
-                .await?
-                .rows_affected();
+                .fenced(fence, pool)
+                .await?;
         }
         if !marks.failed.is_empty() {
             let ids: Vec<i64> = marks.failed.iter().map(|(id, _)| *id).collect();
             let errors: Vec<String> = marks.failed.iter().map(|(_, e)| e.clone()).collect();
-            marked.failed = sqlx::query(self.failed.clone())
-                .bind(ids)
-                .bind(errors)
-                .bind(fence.relay_id)
-                .bind(&fence.partitions)
-                .bind(&fence.tokens)
-                .execute(pool)
-                .await?
-                .rows_affected();
+            marked.failed =
+                sqlx::query(self.failed.clone()).bind(ids).bind(errors).fenced(fence, pool).await?;
         }
         Ok(marked)
     }
