@@ -54,6 +54,7 @@ mod append;
 mod cleanup;
 mod error;
 mod event;
+pub mod inbox;
 mod migrate;
 mod outbox;
 pub mod registry;

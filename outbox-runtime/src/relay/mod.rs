@@ -47,6 +47,7 @@ use self::publish::Sent;
 use crate::error::{Error, Result};
 use crate::outbox::Outbox;
 
+pub(crate) use self::backoff::delay as backoff_delay;
 pub use crate::cleanup::Cleanup;
 
 /// How a relay runs. Every setting has a default except the brokers.

@@ -1,0 +1,237 @@
+//! Handlers: what the inbox calls, inside the message's transaction, with the decoded event.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::OutboxEvent;
+
+/// Why a handler did not apply an event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandlerError {
+    /// May succeed later (a lock timeout, a service briefly away): the transaction rolls
+    /// back and the same message is retried with backoff, keeping its place.
+    #[error("transient: {0}")]
+    Transient(String),
+    /// Will fail again (the event contradicts the consumer's state): the transaction rolls
+    /// back, the message is parked with this reason, and later messages of its key are
+    /// held behind it until an operator retries or discards it.
+    #[error("permanent: {0}")]
+    Permanent(String),
+}
+
+impl HandlerError {
+    /// A transient error with `reason`.
+    pub fn transient(reason: impl std::fmt::Display) -> Self {
+        HandlerError::Transient(reason.to_string())
+    }
+
+    /// A permanent error with `reason`.
+    pub fn permanent(reason: impl std::fmt::Display) -> Self {
+        HandlerError::Permanent(reason.to_string())
+    }
+}
+
+/// Database errors in a handler are transient unless they are constraint violations or
+/// bad data, which repeat.
+impl From<sqlx::Error> for HandlerError {
+    fn from(error: sqlx::Error) -> Self {
+        let permanent = error
+            .as_database_error()
+            .and_then(|d| d.code())
+            .is_some_and(|code| code.starts_with("23") || code.starts_with("22"));
+        if permanent {
+            HandlerError::Permanent(error.to_string())
+        } else {
+            HandlerError::Transient(error.to_string())
+        }
+    }
+}
+
+/// What the inbox knows about a message besides its payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Meta {
+    /// `ce_id`.
+    pub event_id: Uuid,
+    /// `ce_type`.
+    pub event_type: String,
+    /// `ce_schemaversion`.
+    pub schema_version: u32,
+    /// `ce_aggregatetype`, when present.
+    pub aggregate_type: Option<String>,
+    /// `ce_subject`, or the record key.
+    pub aggregate_id: Option<String>,
+    /// `ce_aggregateversion`, when present.
+    pub aggregate_version: Option<i64>,
+    /// `ce_time`, as sent.
+    pub time: Option<String>,
+    /// Where the message was read.
+    pub topic: String,
+    /// Kafka partition.
+    pub partition: i32,
+    /// Kafka offset.
+    pub offset: i64,
+    /// Every header, by name.
+    pub headers: BTreeMap<String, String>,
+}
+
+/// A boxed future, as erased handlers return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Handles events of type `E` (decoded from the payload).
+///
+/// ```
+/// use outbox_runtime::inbox::{EventHandler, HandlerError, Meta};
+/// # #[derive(serde::Deserialize)] struct OrderConfirmed { order_id: uuid::Uuid }
+/// struct Projection;
+/// impl EventHandler<OrderConfirmed> for Projection {
+///     async fn handle(&self, tx: &mut sqlx::PgConnection, event: OrderConfirmed, _: &Meta) -> Result<(), HandlerError> {
+///         sqlx::query("INSERT INTO confirmed_orders (id) VALUES ($1)").bind(event.order_id).execute(tx).await?;
+///         Ok(())
+///     }
+/// }
+/// ```
+pub trait EventHandler<E>: Send + Sync + 'static {
+    /// Applies `event` on `tx`, the transaction that also records it in the inbox.
+    fn handle(
+        &self,
+        tx: &mut PgConnection,
+        event: E,
+        meta: &Meta,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send;
+}
+
+/// Handles messages no typed handler claims, with the raw payload.
+pub trait RawHandler: Send + Sync + 'static {
+    /// Applies the message on `tx`.
+    fn handle(
+        &self,
+        tx: &mut PgConnection,
+        payload: &[u8],
+        meta: &Meta,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send;
+}
+
+/// How a dispatch ended before the handler ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Dispatch {
+    /// The payload did not decode into the handler's type.
+    Undecodable(String),
+    /// The handler ran.
+    Ran(Result<(), HandlerError>),
+}
+
+pub(crate) trait Erased: Send + Sync {
+    fn call<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        payload: &'a [u8],
+        meta: &'a Meta,
+    ) -> BoxFuture<'a, Dispatch>;
+}
+
+struct Typed<E, H> {
+    handler: H,
+    _event: PhantomData<fn() -> E>,
+}
+
+impl<E, H> Erased for Typed<E, H>
+where
+    E: DeserializeOwned + Send + 'static,
+    H: EventHandler<E>,
+{
+    fn call<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        payload: &'a [u8],
+        meta: &'a Meta,
+    ) -> BoxFuture<'a, Dispatch> {
+        Box::pin(async move {
+            match serde_json::from_slice::<E>(payload) {
+                Ok(event) => Dispatch::Ran(self.handler.handle(tx, event, meta).await),
+                Err(error) => Dispatch::Undecodable(format!(
+                    "payload does not decode as {} v{}: {error}",
+                    meta.event_type, meta.schema_version
+                )),
+            }
+        })
+    }
+}
+
+struct Raw<H>(H);
+
+impl<H: RawHandler> Erased for Raw<H> {
+    fn call<'a>(
+        &'a self,
+        tx: &'a mut PgConnection,
+        payload: &'a [u8],
+        meta: &'a Meta,
+    ) -> BoxFuture<'a, Dispatch> {
+        Box::pin(async move { Dispatch::Ran(self.0.handle(tx, payload, meta).await) })
+    }
+}
+
+/// Handlers by (event_type, schema_version), plus an optional fallback.
+#[derive(Clone, Default)]
+pub struct Handlers {
+    typed: BTreeMap<(String, u32), Arc<dyn Erased>>,
+    fallback: Option<Arc<dyn Erased>>,
+}
+
+impl std::fmt::Debug for Handlers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handlers")
+            .field("typed", &self.typed.keys().collect::<Vec<_>>())
+            .field("fallback", &self.fallback.is_some())
+            .finish()
+    }
+}
+
+impl Handlers {
+    /// No handlers.
+    pub fn new() -> Self {
+        Handlers::default()
+    }
+
+    /// Handles `E`'s event type and schema version with `handler`.
+    #[must_use]
+    pub fn on<E, H>(self, handler: H) -> Self
+    where
+        E: OutboxEvent + DeserializeOwned + Send + 'static,
+        H: EventHandler<E>,
+    {
+        self.on_type::<E, H>(E::EVENT_TYPE, E::SCHEMA_VERSION, handler)
+    }
+
+    /// Handles `event_type` at `schema_version`, decoded as `E` (for types generated from
+    /// the schemas, which do not implement [`OutboxEvent`]).
+    #[must_use]
+    pub fn on_type<E, H>(mut self, event_type: &str, schema_version: u32, handler: H) -> Self
+    where
+        E: DeserializeOwned + Send + 'static,
+        H: EventHandler<E>,
+    {
+        let erased: Arc<dyn Erased> = Arc::new(Typed { handler, _event: PhantomData::<fn() -> E> });
+        self.typed.insert((event_type.to_owned(), schema_version), erased);
+        self
+    }
+
+    /// Handles every message no typed handler claims.
+    #[must_use]
+    pub fn fallback<H: RawHandler>(mut self, handler: H) -> Self {
+        self.fallback = Some(Arc::new(Raw(handler)));
+        self
+    }
+
+    pub(crate) fn find(&self, event_type: &str, schema_version: u32) -> Option<&Arc<dyn Erased>> {
+        self.typed.get(&(event_type.to_owned(), schema_version)).or(self.fallback.as_ref())
+    }
+}

@@ -1,0 +1,340 @@
+//! The inbox's tables and what one message does to them, in one transaction: dedup insert,
+//! aggregate version tracking, the handler's effect; or parking with its reason.
+
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, SqlSafeStr, SqlStr, Transaction};
+use tracing::warn;
+
+use super::handler::{Dispatch, HandlerError, Handlers, Meta};
+use super::message::Incoming;
+use crate::error::Result;
+use crate::table::validate_identifier;
+
+/// Quoted names of the inbox's tables.
+#[derive(Debug, Clone)]
+pub(crate) struct InboxNames {
+    pub(crate) schema: String,
+    pub(crate) table: String,
+    pub(crate) inbox: String,
+    pub(crate) parked: String,
+    pub(crate) aggregates: String,
+}
+
+impl InboxNames {
+    pub(crate) fn new(schema: &str, table: &str) -> Result<Self> {
+        validate_identifier("schema name", schema)?;
+        validate_identifier("table name", table)?;
+        let q = |suffix: &str| format!("\"{schema}\".\"{table}{suffix}\"");
+        Ok(InboxNames {
+            schema: schema.to_owned(),
+            table: table.to_owned(),
+            inbox: q(""),
+            parked: q("_parked"),
+            aggregates: q("_aggregates"),
+        })
+    }
+}
+
+/// What became of one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Its effect was applied (and, with a version, `gap` versions were skipped before it).
+    Applied { gap: i64 },
+    /// Its event id was already in the inbox: absorbed.
+    Duplicate,
+    /// Its aggregate version is not newer than the last applied one: absorbed.
+    Stale,
+    /// Parked with a reason (bad input, unknown type, permanent handler error).
+    Parked(String),
+    /// Stored behind a parked message of the same key.
+    Held,
+    /// A transient handler error: nothing was written; try again later.
+    RetryLater(String),
+}
+
+#[derive(Debug)]
+pub(crate) struct Store {
+    pub(crate) consumer: String,
+    lock_key: SqlStr,
+    find_hold: SqlStr,
+    park: SqlStr,
+    insert_inbox: SqlStr,
+    version: SqlStr,
+    first_version: SqlStr,
+    bump_version: SqlStr,
+    mark_stale: SqlStr,
+    resolve: SqlStr,
+    repark: SqlStr,
+}
+
+fn sql(s: String) -> SqlStr {
+    AssertSqlSafe(s).into_sql_str()
+}
+
+impl Store {
+    pub(crate) fn new(names: &InboxNames, consumer: &str) -> Self {
+        let (inbox, parked, aggregates) = (&names.inbox, &names.parked, &names.aggregates);
+        Store {
+            consumer: consumer.to_owned(),
+            // Serializes everything done for one key: the consumer's hold check and an
+            // operator's release cannot interleave.
+            lock_key: sql("SELECT pg_advisory_xact_lock(hashtextextended($1 || ':' || encode($2, 'hex'), 0))".to_owned()),
+            find_hold: sql(format!(
+                "SELECT id FROM {parked} WHERE consumer = $1 AND record_key = $2 AND status IN ('parked', 'held') \
+                 ORDER BY id LIMIT 1"
+            )),
+            park: sql(format!(
+                "INSERT INTO {parked} (consumer, topic, kafka_partition, kafka_offset, record_key, headers, payload, \
+                                       event_id, event_type, schema_version, status, reason) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+                 ON CONFLICT (consumer, topic, kafka_partition, kafka_offset) DO NOTHING"
+            )),
+            insert_inbox: sql(format!(
+                "INSERT INTO {inbox} (consumer, event_id, event_type, schema_version, aggregate_type, aggregate_id, \
+                                      aggregate_version, topic, kafka_partition, kafka_offset) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+                 ON CONFLICT (consumer, event_id) DO NOTHING RETURNING 1"
+            )),
+            version: sql(format!(
+                "SELECT last_version FROM {aggregates} \
+                 WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 FOR UPDATE"
+            )),
+            first_version: sql(format!(
+                "INSERT INTO {aggregates} (consumer, aggregate_type, aggregate_id, last_version) VALUES ($1, $2, $3, $4)"
+            )),
+            bump_version: sql(format!(
+                "UPDATE {aggregates} SET last_version = $4, gaps = gaps + $5 \
+                 WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3"
+            )),
+            mark_stale: sql(format!(
+                "WITH s AS (UPDATE {aggregates} SET stale = stale + 1 \
+                            WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3) \
+                 UPDATE {inbox} SET outcome = 'stale' WHERE consumer = $1 AND event_id = $4"
+            )),
+            resolve: sql(format!("UPDATE {parked} SET status = $2, resolved_at = now() WHERE id = $1")),
+            repark: sql(format!("UPDATE {parked} SET status = 'parked', reason = $2 WHERE id = $1")),
+        }
+    }
+
+    async fn lock(&self, tx: &mut PgConnection, key: Option<&[u8]>) -> Result<()> {
+        if let Some(key) = key {
+            sqlx::query(self.lock_key.clone()).bind(&self.consumer).bind(key).execute(tx).await?;
+        }
+        Ok(())
+    }
+
+    async fn hold(&self, tx: &mut PgConnection, key: Option<&[u8]>) -> Result<Option<i64>> {
+        let Some(key) = key else { return Ok(None) };
+        Ok(sqlx::query_scalar(self.find_hold.clone())
+            .bind(&self.consumer)
+            .bind(key)
+            .fetch_optional(tx)
+            .await?)
+    }
+
+    /// Records `msg` in the parked table with `status` and `reason` (idempotent per offset).
+    pub(crate) async fn park(
+        &self,
+        tx: &mut PgConnection,
+        msg: &Incoming,
+        status: &str,
+        reason: &str,
+    ) -> Result<()> {
+        let meta = msg.meta.as_ref().ok();
+        let headers = serde_json::to_value(&msg.headers).unwrap_or_default();
+        sqlx::query(self.park.clone())
+            .bind(&self.consumer)
+            .bind(&msg.topic)
+            .bind(msg.partition)
+            .bind(msg.offset)
+            .bind(msg.key.as_deref())
+            .bind(headers)
+            .bind(&msg.payload)
+            .bind(meta.map(|m| m.event_id))
+            .bind(meta.map(|m| m.event_type.clone()))
+            .bind(meta.map(|m| i32::try_from(m.schema_version).unwrap_or(i32::MAX)))
+            .bind(status)
+            .bind(reason)
+            .execute(tx)
+            .await?;
+        Ok(())
+    }
+
+    /// Processes one message from the topic.
+    pub(crate) async fn process(
+        &self,
+        pool: &PgPool,
+        handlers: &Handlers,
+        msg: &Incoming,
+    ) -> Result<Outcome> {
+        let mut tx = pool.begin().await?;
+        self.lock(&mut tx, msg.key.as_deref()).await?;
+        if let Some(parked_id) = self.hold(&mut tx, msg.key.as_deref()).await? {
+            let reason = format!("held behind parked message {parked_id} of the same key");
+            self.park(&mut tx, msg, "held", &reason).await?;
+            tx.commit().await?;
+            return Ok(Outcome::Held);
+        }
+        self.apply(pool, tx, handlers, msg, None).await
+    }
+
+    /// Applies `msg` in `tx` (the key already locked and not held). When `resolves` names a
+    /// parked row, that row is marked retried in the same transaction.
+    pub(crate) async fn apply(
+        &self,
+        pool: &PgPool,
+        mut tx: Transaction<'static, Postgres>,
+        handlers: &Handlers,
+        msg: &Incoming,
+        resolves: Option<(i64, &str)>,
+    ) -> Result<Outcome> {
+        let meta = match &msg.meta {
+            Ok(meta) => meta,
+            Err(reason) => return self.park_instead(tx, msg, reason, resolves).await,
+        };
+        let Some(handler) = handlers.find(&meta.event_type, meta.schema_version) else {
+            let reason =
+                format!("no handler for event type {} version {}", meta.event_type, meta.schema_version);
+            return self.park_instead(tx, msg, &reason, resolves).await;
+        };
+        let new: Option<i32> = sqlx::query_scalar(self.insert_inbox.clone())
+            .bind(&self.consumer)
+            .bind(meta.event_id)
+            .bind(&meta.event_type)
+            .bind(i32::try_from(meta.schema_version).unwrap_or(i32::MAX))
+            .bind(&meta.aggregate_type)
+            .bind(&meta.aggregate_id)
+            .bind(meta.aggregate_version)
+            .bind(&msg.topic)
+            .bind(msg.partition)
+            .bind(msg.offset)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if new.is_none() {
+            self.resolve(&mut tx, resolves).await?;
+            tx.commit().await?;
+            return Ok(Outcome::Duplicate);
+        }
+        let gap = match self.track_version(&mut tx, meta).await? {
+            Some(gap) => gap,
+            None => {
+                self.resolve(&mut tx, resolves).await?;
+                tx.commit().await?;
+                return Ok(Outcome::Stale);
+            }
+        };
+        let dispatched = handler.call(&mut tx, &msg.payload, meta).await;
+        match dispatched {
+            Dispatch::Ran(Ok(())) => {
+                self.resolve(&mut tx, resolves).await?;
+                tx.commit().await?;
+                Ok(Outcome::Applied { gap })
+            }
+            Dispatch::Ran(Err(HandlerError::Transient(reason))) => {
+                tx.rollback().await?;
+                Ok(Outcome::RetryLater(reason))
+            }
+            Dispatch::Ran(Err(HandlerError::Permanent(reason))) => {
+                tx.rollback().await?;
+                self.park_after_rollback(pool, msg, &format!("handler failed: {reason}"), resolves).await
+            }
+            Dispatch::Undecodable(reason) => {
+                tx.rollback().await?;
+                self.park_after_rollback(pool, msg, &reason, resolves).await
+            }
+        }
+    }
+
+    /// Last applied version of the aggregate: `Some(gap)` to apply (versions skipped),
+    /// `None` when the event is stale (already marked so).
+    async fn track_version(&self, tx: &mut PgConnection, meta: &Meta) -> Result<Option<i64>> {
+        let (Some(version), Some(aggregate_id)) = (meta.aggregate_version, meta.aggregate_id.as_deref())
+        else {
+            return Ok(Some(0));
+        };
+        let aggregate_type = meta.aggregate_type.as_deref().unwrap_or("");
+        let last: Option<i64> = sqlx::query_scalar(self.version.clone())
+            .bind(&self.consumer)
+            .bind(aggregate_type)
+            .bind(aggregate_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        match last {
+            None => {
+                sqlx::query(self.first_version.clone())
+                    .bind(&self.consumer)
+                    .bind(aggregate_type)
+                    .bind(aggregate_id)
+                    .bind(version)
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(Some(0))
+            }
+            Some(last) if version <= last => {
+                sqlx::query(self.mark_stale.clone())
+                    .bind(&self.consumer)
+                    .bind(aggregate_type)
+                    .bind(aggregate_id)
+                    .bind(meta.event_id)
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(None)
+            }
+            Some(last) => {
+                let gap = version - last - 1;
+                if gap > 0 {
+                    warn!(event_id = %meta.event_id, aggregate_id, r#type = %meta.event_type, version, last,
+                          stage = "inbox", "aggregate version gap: {gap} version(s) never seen");
+                }
+                sqlx::query(self.bump_version.clone())
+                    .bind(&self.consumer)
+                    .bind(aggregate_type)
+                    .bind(aggregate_id)
+                    .bind(version)
+                    .bind(gap)
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(Some(gap))
+            }
+        }
+    }
+
+    async fn resolve(&self, tx: &mut PgConnection, resolves: Option<(i64, &str)>) -> Result<()> {
+        if let Some((id, status)) = resolves {
+            sqlx::query(self.resolve.clone()).bind(id).bind(status).execute(tx).await?;
+        }
+        Ok(())
+    }
+
+    async fn park_instead(
+        &self,
+        mut tx: Transaction<'static, Postgres>,
+        msg: &Incoming,
+        reason: &str,
+        resolves: Option<(i64, &str)>,
+    ) -> Result<Outcome> {
+        match resolves {
+            // Retrying a parked message that fails again: it stays parked, with the new reason.
+            Some((id, _)) => self.repark(&mut tx, id, reason).await?,
+            None => self.park(&mut tx, msg, "parked", reason).await?,
+        }
+        tx.commit().await?;
+        Ok(Outcome::Parked(reason.to_owned()))
+    }
+
+    async fn park_after_rollback(
+        &self,
+        pool: &PgPool,
+        msg: &Incoming,
+        reason: &str,
+        resolves: Option<(i64, &str)>,
+    ) -> Result<Outcome> {
+        let mut tx = pool.begin().await?;
+        self.lock(&mut tx, msg.key.as_deref()).await?;
+        self.park_instead(tx, msg, reason, resolves).await
+    }
+
+    async fn repark(&self, tx: &mut PgConnection, id: i64, reason: &str) -> Result<()> {
+        sqlx::query(self.repark.clone()).bind(id).bind(reason).execute(tx).await?;
+        Ok(())
+    }
+}
