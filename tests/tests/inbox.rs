@@ -1,0 +1,484 @@
+//! The inbox against real PostgreSQL and a Kafka-protocol broker (invariants 7, 8, 9).
+//! Each test produces raw records to a topic of its own, exactly as the relay would (or
+//! deliberately not), and consumes them with a consumer group.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_runtime::inbox::{EventHandler, HandlerError, Handlers, Inbox, InboxConfig, InboxStats, Meta};
+use outbox_runtime::OutboxEvent;
+use outbox_tests::eventually;
+use outbox_tests::kafka::Kafka;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// The test event: credit `amount` to `account`.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, OutboxEvent)]
+#[outbox(event_type = "test.credit", schema_version = 1, aggregate = "account", topic = "unused")]
+struct Credit {
+    #[outbox(aggregate_id)]
+    account: String,
+    amount: i64,
+}
+
+/// Applies credits to a `credits` table. Fails transiently `fail_first` times, and
+/// permanently for accounts listed in `blocked_accounts`.
+#[derive(Clone, Default)]
+struct Ledger {
+    fail_first: Arc<AtomicU32>,
+    calls: Arc<AtomicU32>,
+    /// Credits to account `slow` wait for a permit here.
+    gate: Option<Arc<tokio::sync::Semaphore>>,
+}
+
+impl EventHandler<Credit> for Ledger {
+    async fn handle(&self, tx: &mut PgConnection, credit: Credit, meta: &Meta) -> Result<(), HandlerError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if let (Some(gate), "slow") = (&self.gate, credit.account.as_str()) {
+            gate.acquire().await.expect("gate").forget();
+        }
+        // Written before any failure: a rollback must take it away.
+        sqlx::query("INSERT INTO credits (event_id, account, amount) VALUES ($1, $2, $3)")
+            .bind(meta.event_id)
+            .bind(&credit.account)
+            .bind(credit.amount)
+            .execute(&mut *tx)
+            .await?;
+        if self.fail_first.load(Ordering::SeqCst) > 0 {
+            self.fail_first.fetch_sub(1, Ordering::SeqCst);
+            return Err(HandlerError::transient("the ledger is busy"));
+        }
+        let blocked: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM blocked_accounts WHERE account = $1)")
+                .bind(&credit.account)
+                .fetch_one(&mut *tx)
+                .await?;
+        if blocked {
+            return Err(HandlerError::permanent(format!("account {} is blocked", credit.account)));
+        }
+        Ok(())
+    }
+}
+
+struct Setup {
+    kafka: Kafka,
+    topic: String,
+    producer: FutureProducer,
+}
+
+async fn setup(pool: &PgPool) -> Setup {
+    sqlx::query(
+        "CREATE TABLE credits (event_id uuid NOT NULL, account text NOT NULL, amount bigint NOT NULL)",
+    )
+    .execute(pool)
+    .await
+    .expect("credits");
+    sqlx::query("CREATE TABLE blocked_accounts (account text PRIMARY KEY)")
+        .execute(pool)
+        .await
+        .expect("blocked");
+    let kafka = Kafka::start();
+    let topic = format!("inbox-{}", Uuid::new_v4().simple());
+    kafka.create_topic(&topic, 3).await;
+    let producer =
+        ClientConfig::new().set("bootstrap.servers", kafka.bootstrap()).create().expect("producer");
+    Setup { kafka, topic, producer }
+}
+
+/// The headers the relay writes.
+fn event_headers(
+    event_id: Uuid,
+    event_type: &str,
+    version: Option<i64>,
+    subject: &str,
+) -> Vec<(String, String)> {
+    let mut h = vec![
+        ("ce_specversion".to_owned(), "1.0".to_owned()),
+        ("ce_id".to_owned(), event_id.to_string()),
+        ("ce_type".to_owned(), event_type.to_owned()),
+        ("ce_source".to_owned(), "/tests".to_owned()),
+        ("ce_subject".to_owned(), subject.to_owned()),
+        ("ce_schemaversion".to_owned(), "1".to_owned()),
+        ("ce_aggregatetype".to_owned(), "account".to_owned()),
+    ];
+    if let Some(v) = version {
+        h.push(("ce_aggregateversion".to_owned(), v.to_string()));
+    }
+    h
+}
+
+impl Setup {
+    async fn produce(&self, key: &str, payload: &[u8], headers: &[(String, String)]) {
+        self.produce_to(None, key, payload, headers).await;
+    }
+
+    async fn produce_to(
+        &self,
+        partition: Option<i32>,
+        key: &str,
+        payload: &[u8],
+        headers: &[(String, String)],
+    ) {
+        let mut owned = OwnedHeaders::new();
+        for (k, v) in headers {
+            owned = owned.insert(Header { key: k, value: Some(v.as_bytes()) });
+        }
+        let mut record = FutureRecord::to(&self.topic).key(key.as_bytes()).payload(payload).headers(owned);
+        if let Some(p) = partition {
+            record = record.partition(p);
+        }
+        self.producer.send(record, Duration::from_secs(10)).await.expect("produce");
+    }
+
+    /// Produces a well-formed credit; returns its event id.
+    async fn credit(&self, account: &str, amount: i64, version: Option<i64>) -> Uuid {
+        let id = Uuid::now_v7();
+        let payload = serde_json::to_vec(&Credit { account: account.into(), amount }).expect("json");
+        self.produce(account, &payload, &event_headers(id, "test.credit", version, account)).await;
+        id
+    }
+
+    fn config(&self, consumer: &str) -> InboxConfig {
+        InboxConfig::new(consumer, self.kafka.bootstrap(), [self.topic.clone()])
+            .backoff(Duration::from_millis(50), Duration::from_millis(400))
+            .commit_interval(Duration::from_millis(100))
+    }
+}
+
+struct Running {
+    stop: CancellationToken,
+    task: JoinHandle<outbox_runtime::Result<()>>,
+    stats: Arc<InboxStats>,
+}
+
+async fn start(pool: &PgPool, config: InboxConfig, ledger: &Ledger) -> (Running, Inbox) {
+    let handlers = Handlers::new().on::<Credit, _>(ledger.clone());
+    let inbox = Inbox::new(pool.clone(), config.clone(), handlers.clone()).expect("inbox");
+    inbox.migrator().run(pool).await.expect("migrate");
+    let operator = Inbox::new(pool.clone(), config, handlers).expect("inbox");
+    let stats = inbox.stats();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(inbox.run(stop.clone()));
+    (Running { stop, task, stats }, operator)
+}
+
+impl Running {
+    async fn shutdown(self) {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .expect("inbox stops")
+            .expect("task")
+            .expect("clean stop");
+    }
+}
+
+async fn credits(pool: &PgPool) -> Vec<(String, i64)> {
+    sqlx::query_as("SELECT account, amount FROM credits ORDER BY amount")
+        .fetch_all(pool)
+        .await
+        .expect("credits")
+}
+
+async fn count(pool: &PgPool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.expect("count")
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_same_event_delivered_five_times_applies_once(pool: PgPool) {
+    // Fault: one event delivered 5 times (a relay that republished it). Invariant 8.
+    let s = setup(&pool).await;
+    let id = Uuid::now_v7();
+    let payload = serde_json::to_vec(&Credit { account: "acc-1".into(), amount: 10 }).expect("json");
+    for _ in 0..5 {
+        s.produce("acc-1", &payload, &event_headers(id, "test.credit", None, "acc-1")).await;
+    }
+    let ledger = Ledger::default();
+    let (running, _) = start(&pool, s.config("dedup"), &ledger).await;
+    let stats = running.stats.clone();
+    assert!(
+        eventually(Duration::from_secs(30), || async { stats.applied() + stats.duplicates() == 5 }).await
+    );
+    running.shutdown().await;
+    assert_eq!(credits(&pool).await, [("acc-1".to_owned(), 10)]);
+    assert_eq!((stats.applied(), stats.duplicates()), (1, 4));
+    assert_eq!(count(&pool, "SELECT count(*) FROM inbox").await, 1);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_handler_error_rolls_back_the_inbox_row_and_the_retry_applies_once(pool: PgPool) {
+    // Fault: the handler fails transiently twice after writing its effect. Invariant 8:
+    // the effect and the inbox row roll back together; the retry applies once.
+    let s = setup(&pool).await;
+    s.credit("acc-2", 20, None).await;
+    let ledger = Ledger { fail_first: Arc::new(AtomicU32::new(2)), ..Ledger::default() };
+    let (running, _) = start(&pool, s.config("retry"), &ledger).await;
+    let stats = running.stats.clone();
+    assert!(eventually(Duration::from_secs(30), || async { stats.applied() == 1 }).await);
+    running.shutdown().await;
+    assert_eq!(ledger.calls.load(Ordering::SeqCst), 3, "two failed attempts, one that applied");
+    assert_eq!(stats.retries(), 2);
+    assert_eq!(credits(&pool).await, [("acc-2".to_owned(), 20)], "the failed attempts left nothing");
+    assert_eq!(count(&pool, "SELECT count(*) FROM inbox").await, 1);
+}
+
+#[sqlx::test(migrations = false)]
+async fn malformed_messages_are_parked_with_reasons_and_other_keys_flow(pool: PgPool) {
+    // Fault: raw records that are not readable events, produced straight to the topic.
+    // Invariant 9: each is parked with its reason and raw bytes; later records of the
+    // same key are held; other keys are applied.
+    let s = setup(&pool).await;
+    let ok = |k: &str| event_headers(Uuid::now_v7(), "test.credit", None, k);
+    s.produce("bad-1", b"{\"account\":\"bad-1\",\"amount\":1}", &[]).await;
+    s.produce("bad-2", b"not json at all", &ok("bad-2")).await;
+    s.produce(
+        "bad-3",
+        b"{\"account\":\"bad-3\",\"amount\":3}",
+        &event_headers(Uuid::now_v7(), "test.unknown", None, "bad-3"),
+    )
+    .await;
+    s.produce("bad-4", b"{\"account\":\"bad-4\",\"amount\":\"four\"}", &ok("bad-4")).await;
+    s.credit("bad-1", 5, None).await; // behind the parked record of its key
+    s.credit("good", 7, None).await;
+    let ledger = Ledger::default();
+    let (running, operator) = start(&pool, s.config("malformed"), &ledger).await;
+    let stats = running.stats.clone();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            stats.parked() == 4 && stats.held() == 1 && stats.applied() == 1
+        })
+        .await,
+        "parked {} held {} applied {}",
+        stats.parked(),
+        stats.held(),
+        stats.applied()
+    );
+    running.shutdown().await;
+    assert_eq!(credits(&pool).await, [("good".to_owned(), 7)]);
+    let parked = operator.parked().await.expect("parked");
+    let reason_of = |key: &str, status: &str| {
+        parked
+            .iter()
+            .find(|p| p.record_key.as_deref() == Some(key.as_bytes()) && p.status == status)
+            .map(|p| p.reason.clone())
+            .unwrap_or_else(|| panic!("no {status} record for {key}: {parked:?}"))
+    };
+    assert_eq!(reason_of("bad-1", "parked"), "missing header ce_id");
+    assert!(reason_of("bad-2", "parked").starts_with("payload is not JSON"));
+    assert_eq!(reason_of("bad-3", "parked"), "no handler for event type test.unknown version 1");
+    assert!(reason_of("bad-4", "parked").starts_with("payload does not decode as test.credit v1"));
+    assert!(reason_of("bad-1", "held").starts_with("held behind parked message"));
+    let raw = parked.iter().find(|p| p.record_key.as_deref() == Some(b"bad-2".as_slice())).expect("bad-2");
+    assert_eq!(raw.payload, b"not json at all", "raw bytes are kept");
+}
+
+#[sqlx::test(migrations = false)]
+async fn operator_retry_and_discard_release_held_messages_in_order(pool: PgPool) {
+    // Fault: a permanent handler error on the first event of two accounts. Invariant 9:
+    // they park, later events of those accounts are held, others apply; retry (after the
+    // cause is fixed) and discard release the held ones in order.
+    let s = setup(&pool).await;
+    sqlx::query("INSERT INTO blocked_accounts VALUES ('acc-a'), ('acc-c')")
+        .execute(&pool)
+        .await
+        .expect("block");
+    s.credit("acc-a", 1, None).await;
+    s.credit("acc-a", 2, None).await;
+    s.credit("acc-a", 3, None).await;
+    s.credit("acc-c", 100, None).await;
+    s.credit("acc-c", 101, None).await;
+    s.credit("acc-b", 50, None).await;
+    let ledger = Ledger::default();
+    let (running, operator) = start(&pool, s.config("operator"), &ledger).await;
+    let stats = running.stats.clone();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            stats.parked() == 2 && stats.held() == 3 && stats.applied() == 1
+        })
+        .await
+    );
+    running.shutdown().await;
+    assert_eq!(credits(&pool).await, [("acc-b".to_owned(), 50)]);
+
+    let parked = operator.parked().await.expect("parked");
+    let head = |key: &str| {
+        parked
+            .iter()
+            .find(|p| p.status == "parked" && p.record_key.as_deref() == Some(key.as_bytes()))
+            .expect("parked head")
+            .id
+    };
+    // Retrying while the cause remains parks it again and releases nothing.
+    let again = operator.retry_parked(head("acc-a")).await.expect("retry");
+    assert_eq!(again.applied, 0);
+    assert_eq!(again.parked_again.as_deref(), Some("handler failed: account acc-a is blocked"));
+
+    sqlx::query("DELETE FROM blocked_accounts WHERE account = 'acc-a'")
+        .execute(&pool)
+        .await
+        .expect("unblock");
+    let released = operator.retry_parked(head("acc-a")).await.expect("retry");
+    assert_eq!((released.applied, released.parked_again), (3, None));
+
+    // acc-c stays blocked, but its first event is discarded by the operator: the second,
+    // also for acc-c, parks in turn, so unblock first and discard the first.
+    sqlx::query("DELETE FROM blocked_accounts").execute(&pool).await.expect("unblock");
+    let released = operator.discard_parked(head("acc-c"), "refunded by hand").await.expect("discard");
+    assert_eq!((released.applied, released.parked_again), (1, None));
+
+    assert_eq!(
+        credits(&pool).await,
+        [
+            ("acc-a".to_owned(), 1),
+            ("acc-a".to_owned(), 2),
+            ("acc-a".to_owned(), 3),
+            ("acc-b".to_owned(), 50),
+            ("acc-c".to_owned(), 101)
+        ]
+    );
+    let order: Vec<i64> = sqlx::query_scalar(
+        "SELECT c.amount FROM credits c JOIN inbox i ON i.event_id = c.event_id WHERE c.account = 'acc-a' ORDER BY i.applied_at, c.amount",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("order");
+    assert_eq!(order, [1, 2, 3]);
+    assert!(operator.parked().await.expect("parked").is_empty(), "nothing left parked or held");
+    let discarded: String = sqlx::query_scalar("SELECT reason FROM inbox_parked WHERE status = 'discarded'")
+        .fetch_one(&pool)
+        .await
+        .expect("discarded");
+    assert!(discarded.ends_with("discarded: refunded by hand"), "{discarded}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn stale_versions_are_absorbed_and_gaps_counted(pool: PgPool) {
+    let s = setup(&pool).await;
+    for (amount, version) in [(1, 1), (3, 3), (2, 2), (4, 4)] {
+        s.credit("acc-v", amount, Some(version)).await;
+    }
+    let ledger = Ledger::default();
+    let (running, _) = start(&pool, s.config("versions"), &ledger).await;
+    let stats = running.stats.clone();
+    assert!(eventually(Duration::from_secs(30), || async { stats.applied() + stats.stale() == 4 }).await);
+    running.shutdown().await;
+    assert_eq!((stats.applied(), stats.stale(), stats.gaps()), (3, 1, 1));
+    assert_eq!(
+        credits(&pool).await,
+        [("acc-v".to_owned(), 1), ("acc-v".to_owned(), 3), ("acc-v".to_owned(), 4)]
+    );
+    let row: (i64, i64, i64) =
+        sqlx::query_as("SELECT last_version, gaps, stale FROM inbox_aggregates WHERE aggregate_id = 'acc-v'")
+            .fetch_one(&pool)
+            .await
+            .expect("aggregate");
+    assert_eq!(row, (4, 1, 1));
+}
+
+fn committed(kafka: &Kafka, group: &str, topic: &str, partitions: i32) -> Vec<i64> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka.bootstrap())
+        .set("group.id", group)
+        .create()
+        .expect("client");
+    let mut list = TopicPartitionList::new();
+    for p in 0..partitions {
+        list.add_partition(topic, p);
+    }
+    let offsets = consumer.committed_offsets(list, Duration::from_secs(10)).expect("committed");
+    offsets
+        .elements()
+        .iter()
+        .map(|e| match e.offset() {
+            Offset::Offset(o) => o,
+            _ => -1,
+        })
+        .collect()
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_crash_between_db_commit_and_offset_commit_redelivers_and_absorbs(pool: PgPool) {
+    // Fault: the consumer dies after its PostgreSQL commits but before any offset commit
+    // (the task is aborted; commits are held back by a long interval). Invariants 7 and 8:
+    // on restart the messages are delivered again and absorbed, never applied twice.
+    let s = setup(&pool).await;
+    for i in 0..6 {
+        s.credit(&format!("acc-{i}"), i, None).await;
+    }
+    let ledger = Ledger::default();
+    let config = s.config("crash").commit_interval(Duration::from_secs(3600));
+    let (first, _) = start(&pool, config.clone(), &ledger).await;
+    let stats = first.stats.clone();
+    assert!(eventually(Duration::from_secs(30), || async { stats.applied() == 6 }).await);
+    first.task.abort();
+    let _ = first.task.await;
+    assert_eq!(committed(&s.kafka, "crash", &s.topic, 3), [-1, -1, -1], "no offset was committed");
+
+    let (second, _) = start(&pool, s.config("crash"), &ledger).await;
+    let again = second.stats.clone();
+    assert!(
+        eventually(Duration::from_secs(30), || async { again.duplicates() == 6 }).await,
+        "redelivered: {}",
+        again.duplicates()
+    );
+    second.shutdown().await;
+    assert_eq!(again.applied(), 0);
+    assert_eq!(credits(&pool).await.len(), 6, "each effect once");
+    let after: i64 = committed(&s.kafka, "crash", &s.topic, 3).iter().filter(|o| **o >= 0).sum();
+    assert_eq!(after, 6, "the graceful stop committed every finished offset");
+}
+
+#[sqlx::test(migrations = false)]
+async fn committed_offsets_never_pass_an_unfinished_message(pool: PgPool) {
+    // Fault: the first message of partition 0 takes long (its handler waits) while other
+    // partitions run on. Invariant 7: partition 0's committed offset stays before it,
+    // partition 1's moves on; once it finishes, partition 0 catches up.
+    let s = setup(&pool).await;
+    let payload = |account: &str, amount: i64| {
+        serde_json::to_vec(&Credit { account: account.into(), amount }).expect("json")
+    };
+    for (partition, account, amount) in [(0, "slow", 1), (0, "p0-next", 2), (1, "p1-a", 3), (1, "p1-b", 4)] {
+        let headers = event_headers(Uuid::now_v7(), "test.credit", None, account);
+        s.produce_to(Some(partition), account, &payload(account, amount), &headers).await;
+    }
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let ledger = Ledger { gate: Some(gate.clone()), ..Ledger::default() };
+    let (running, _) = start(&pool, s.config("parallel"), &ledger).await;
+    let stats = running.stats.clone();
+    assert!(
+        eventually(Duration::from_secs(30), || async { stats.applied() == 2 }).await,
+        "partition 1 proceeds"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            committed(&s.kafka, "parallel", &s.topic, 3)[1] == 2
+        })
+        .await,
+        "partition 1 commits past its finished messages"
+    );
+    let while_blocked = committed(&s.kafka, "parallel", &s.topic, 3);
+    assert!(
+        while_blocked[0] < 1,
+        "partition 0 is not committed past the unfinished message: {while_blocked:?}"
+    );
+    assert_eq!(credits(&pool).await.len(), 2, "the message behind it waits: partitions keep their order");
+
+    gate.add_permits(1);
+    assert!(eventually(Duration::from_secs(30), || async { stats.applied() == 4 }).await);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            committed(&s.kafka, "parallel", &s.topic, 3)[0] == 2
+        })
+        .await
+    );
+    running.shutdown().await;
+}
