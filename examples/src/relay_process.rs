@@ -94,7 +94,8 @@ pub fn main_from_env() -> ExitCode {
     }
 }
 
-async fn wait_for_signal() {
+/// Waits for SIGTERM or Ctrl-C.
+pub async fn wait_for_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

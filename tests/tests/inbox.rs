@@ -161,7 +161,7 @@ struct Running {
 }
 
 async fn start(pool: &PgPool, config: InboxConfig, ledger: &Ledger) -> (Running, Inbox) {
-    let handlers = Handlers::new().on::<Credit, _>(ledger.clone());
+    let handlers = Handlers::new().on::<Credit, _>(ledger.clone()).ignore("test.audit");
     let inbox = Inbox::new(pool.clone(), config.clone(), handlers.clone()).expect("inbox");
     inbox.migrator().run(pool).await.expect("migrate");
     let operator = Inbox::new(pool.clone(), config, handlers).expect("inbox");
@@ -249,6 +249,8 @@ async fn malformed_messages_are_parked_with_reasons_and_other_keys_flow(pool: Pg
     s.produce("bad-4", b"{\"account\":\"bad-4\",\"amount\":\"four\"}", &ok("bad-4")).await;
     s.credit("bad-1", 5, None).await; // behind the parked record of its key
     s.credit("good", 7, None).await;
+    // A type this consumer ignores on purpose is skipped, not parked.
+    s.produce("audit", b"{}", &event_headers(Uuid::now_v7(), "test.audit", None, "audit")).await;
     let ledger = Ledger::default();
     let (running, operator) = start(&pool, s.config("malformed"), &ledger).await;
     let stats = running.stats.clone();

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use outbox_examples as _;
 
 mod broker;
+mod demo;
 mod schema;
 
 #[derive(Parser)]
@@ -26,6 +27,8 @@ enum Command {
     Schema(schema::SchemaCommand),
     /// Hosts a development Kafka broker (librdkafka's mock cluster) until Ctrl-C.
     Broker(broker::BrokerArgs),
+    /// Runs the whole path once: order service -> outbox -> relay -> Kafka -> inbox -> projection.
+    Demo(demo::DemoArgs),
 }
 
 /// The workspace root (where `schemas/` lives).
@@ -39,5 +42,6 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Schema(cmd) => schema::run(cmd),
         Command::Broker(args) => broker::run(args),
+        Command::Demo(args) => demo::run(args),
     }
 }

@@ -1,6 +1,6 @@
 //! Handlers: what the inbox calls, inside the message's transaction, with the decoded event.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
@@ -183,6 +183,7 @@ impl<H: RawHandler> Erased for Raw<H> {
 #[derive(Clone, Default)]
 pub struct Handlers {
     typed: BTreeMap<(String, u32), Arc<dyn Erased>>,
+    ignored: BTreeSet<String>,
     fallback: Option<Arc<dyn Erased>>,
 }
 
@@ -190,6 +191,7 @@ impl std::fmt::Debug for Handlers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Handlers")
             .field("typed", &self.typed.keys().collect::<Vec<_>>())
+            .field("ignored", &self.ignored)
             .field("fallback", &self.fallback.is_some())
             .finish()
     }
@@ -224,6 +226,14 @@ impl Handlers {
         self
     }
 
+    /// Skips events of `event_type` (every version) on purpose: they are counted as
+    /// ignored and their offsets move on. Without this, a type with no handler is parked.
+    #[must_use]
+    pub fn ignore(mut self, event_type: &str) -> Self {
+        self.ignored.insert(event_type.to_owned());
+        self
+    }
+
     /// Handles every message no typed handler claims.
     #[must_use]
     pub fn fallback<H: RawHandler>(mut self, handler: H) -> Self {
@@ -233,5 +243,9 @@ impl Handlers {
 
     pub(crate) fn find(&self, event_type: &str, schema_version: u32) -> Option<&Arc<dyn Erased>> {
         self.typed.get(&(event_type.to_owned(), schema_version)).or(self.fallback.as_ref())
+    }
+
+    pub(crate) fn ignores(&self, event_type: &str) -> bool {
+        self.ignored.contains(event_type)
     }
 }

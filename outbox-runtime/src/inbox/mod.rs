@@ -185,6 +185,7 @@ pub struct InboxStats {
     stale: AtomicU64,
     parked: AtomicU64,
     held: AtomicU64,
+    ignored: AtomicU64,
     gaps: AtomicU64,
     retries: AtomicU64,
 }
@@ -210,6 +211,10 @@ impl InboxStats {
     pub fn held(&self) -> u64 {
         self.held.load(Ordering::Relaxed)
     }
+    /// Events of ignored types skipped on purpose.
+    pub fn ignored(&self) -> u64 {
+        self.ignored.load(Ordering::Relaxed)
+    }
     /// Aggregate versions skipped (seen as gaps).
     pub fn gaps(&self) -> u64 {
         self.gaps.load(Ordering::Relaxed)
@@ -229,6 +234,7 @@ impl InboxStats {
             Outcome::Stale => &self.stale,
             Outcome::Parked(_) => &self.parked,
             Outcome::Held => &self.held,
+            Outcome::Ignored => &self.ignored,
             Outcome::RetryLater(_) => &self.retries,
         };
         counter.fetch_add(1, Ordering::Relaxed);

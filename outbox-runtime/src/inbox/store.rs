@@ -47,6 +47,8 @@ pub(crate) enum Outcome {
     Parked(String),
     /// Stored behind a parked message of the same key.
     Held,
+    /// Its event type is ignored by this consumer on purpose.
+    Ignored,
     /// A transient handler error: nothing was written; try again later.
     RetryLater(String),
 }
@@ -191,6 +193,13 @@ impl Store {
             Ok(meta) => meta,
             Err(reason) => return self.park_instead(tx, msg, reason, resolves).await,
         };
+        if handlers.find(&meta.event_type, meta.schema_version).is_none()
+            && handlers.ignores(&meta.event_type)
+        {
+            self.resolve(&mut tx, resolves).await?;
+            tx.commit().await?;
+            return Ok(Outcome::Ignored);
+        }
         let Some(handler) = handlers.find(&meta.event_type, meta.schema_version) else {
             let reason =
                 format!("no handler for event type {} version {}", meta.event_type, meta.schema_version);

@@ -1,0 +1,209 @@
+//! `cargo xtask demo`: the whole path on embedded defaults. The order service places and
+//! confirms orders (each change and its event in one transaction), a relay publishes the
+//! events, and the consumer's inbox applies them to a projection in a database of its own.
+//!
+//! PostgreSQL comes from `DATABASE_URL` (default: the local server); the demo creates two
+//! fresh databases there, `outbox_demo_orders` and `outbox_demo_projection`. Kafka is
+//! `KAFKA_BROKERS` if set, else an in-process mock cluster.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use outbox_examples::events::{OrderLine, Payment};
+use outbox_examples::orders::{self, Confirmed, NewOrder};
+use outbox_examples::{consumer_process, projection};
+use outbox_runtime::inbox::Inbox;
+use outbox_runtime::relay::{Relay, RelayConfig};
+use outbox_runtime::Outbox;
+use rdkafka::mocking::MockCluster;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{AssertSqlSafe, PgPool};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+#[derive(Args)]
+pub(crate) struct DemoArgs {
+    /// How many orders to place and confirm.
+    #[arg(long, default_value_t = 12)]
+    orders: usize,
+}
+
+type Failure = Box<dyn std::error::Error + Send + Sync>;
+
+pub(crate) fn run(args: DemoArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("demo: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(demo(args.orders)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("demo failed: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Creates `topic` on a real broker unless it exists (brokers like Tansu do not auto-create).
+async fn create_topic(brokers: &str, topic: &str, partitions: i32) -> Result<(), Failure> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::types::RDKafkaErrorCode;
+    let admin: AdminClient<DefaultClientContext> =
+        rdkafka::ClientConfig::new().set("bootstrap.servers", brokers).create()?;
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    for result in
+        admin.create_topics(&[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))], &options).await?
+    {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((name, code)) => return Err(format!("cannot create topic {name}: {code:?}").into()),
+        }
+    }
+    Ok(())
+}
+
+/// Recreates database `name` on the server of `base_url`; returns its URL.
+async fn fresh_database(admin: &PgPool, base_url: &str, name: &str) -> Result<String, Failure> {
+    sqlx::query(AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
+        .execute(admin)
+        .await?;
+    sqlx::query(AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(admin).await?;
+    let server = base_url.rsplit_once('/').map_or(base_url, |(server, _)| server);
+    Ok(format!("{server}/{name}"))
+}
+
+async fn demo(count: usize) -> Result<bool, Failure> {
+    let base = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| outbox_examples::relay_process::DEFAULT_DATABASE_URL.to_owned());
+    let admin = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&base)
+        .await
+        .map_err(|e| format!("PostgreSQL at {base}: {e}"))?;
+    let orders_url = fresh_database(&admin, &base, "outbox_demo_orders").await?;
+    let projection_url = fresh_database(&admin, &base, "outbox_demo_projection").await?;
+    let orders_db = PgPoolOptions::new().max_connections(8).connect(&orders_url).await?;
+    let projection_db = PgPoolOptions::new().max_connections(8).connect(&projection_url).await?;
+
+    let (mock, brokers) = match std::env::var("KAFKA_BROKERS") {
+        Ok(brokers) if !brokers.is_empty() => {
+            create_topic(&brokers, "orders", 6).await?;
+            (None, brokers)
+        }
+        _ => {
+            let mock = MockCluster::new(1)?;
+            mock.create_topic("orders", 6, 1)?;
+            let brokers = mock.bootstrap_servers();
+            (Some(mock), brokers)
+        }
+    };
+    println!("outbox demo");
+    println!("  producer database  {orders_url}");
+    println!("  consumer database  {projection_url}");
+    println!(
+        "  kafka              {brokers} ({})",
+        if mock.is_some() { "in-process mock cluster" } else { "KAFKA_BROKERS" }
+    );
+
+    let outbox = Outbox::default_ref().clone();
+    outbox.migrator().run(&orders_db).await?;
+    orders::MIGRATOR.run(&orders_db).await?;
+    projection::MIGRATOR.run(&projection_db).await?;
+    let inbox =
+        Inbox::new(projection_db.clone(), consumer_process::inbox_config(&brokers), projection::handlers())?;
+    inbox.migrator().run(&projection_db).await?;
+
+    // 1. The order service: place, then confirm each order twice at once; the conditional
+    //    UPDATE lets exactly one of the two record the transition and its event.
+    let mut ids = Vec::new();
+    for i in 0..count {
+        let order = NewOrder {
+            customer_id: Uuid::now_v7(),
+            lines: vec![OrderLine { sku: format!("sku-{}", i % 4), quantity: 1 + (i as u32 % 3) }],
+            total_cents: 1_000 + 250 * i as i64,
+            currency: "EUR".into(),
+            payment: if i % 2 == 0 {
+                Payment::Card { last4: "4242".into() }
+            } else {
+                Payment::Invoice { due_days: 30 }
+            },
+        };
+        ids.push(orders::place(&orders_db, &outbox, &order).await?);
+    }
+    let (mut confirmed, mut refused) = (0, 0);
+    for id in &ids {
+        let (a, b) = tokio::join!(
+            orders::confirm(&orders_db, &outbox, *id),
+            orders::confirm(&orders_db, &outbox, *id)
+        );
+        for outcome in [a?, b?] {
+            match outcome {
+                Confirmed::Now { .. } => confirmed += 1,
+                Confirmed::NotPending => refused += 1,
+            }
+        }
+    }
+    println!("\n1. order service: placed {count} orders, confirmed {confirmed}; {refused} concurrent duplicate confirms were refused (not pending any more)");
+
+    // 2. Relay and consumer run until the projection has every confirmed order.
+    let shutdown = CancellationToken::new();
+    let relay = Relay::new(orders_db.clone(), outbox.clone(), RelayConfig::new(&brokers))?;
+    let relay_stats = relay.stats();
+    let inbox_stats = inbox.stats();
+    let relay_task = tokio::spawn(relay.run(shutdown.clone()));
+    let inbox_task = tokio::spawn(inbox.run(shutdown.clone()));
+    let started = Instant::now();
+    let mut projected: i64 = 0;
+    while started.elapsed() < Duration::from_secs(90) {
+        projected =
+            sqlx::query_scalar("SELECT count(*) FROM confirmed_orders").fetch_one(&projection_db).await?;
+        if projected >= confirmed as i64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let elapsed = started.elapsed();
+    shutdown.cancel();
+    relay_task.await??;
+    inbox_task.await??;
+
+    let by_status: Vec<(String, String, i64)> =
+        sqlx::query_as("SELECT event_type, status, count(*) FROM outbox GROUP BY 1, 2 ORDER BY 1, 2")
+            .fetch_all(&orders_db)
+            .await?;
+    println!("2. relay: published {} events (acks=all, idempotent producer)", relay_stats.published());
+    for (event_type, status, n) in &by_status {
+        println!("     outbox  {event_type:<16} {status:<10} {n}");
+    }
+    println!(
+        "3. consumer inbox: applied {}, ignored {} (order.placed is not its business), duplicates absorbed {}, parked {}",
+        inbox_stats.applied(),
+        inbox_stats.ignored(),
+        inbox_stats.duplicates(),
+        inbox_stats.parked()
+    );
+    let (rows, total, max_applications): (i64, Option<i64>, Option<i32>) =
+        sqlx::query_as("SELECT count(*), sum(total_cents)::bigint, max(applications) FROM confirmed_orders")
+            .fetch_one(&projection_db)
+            .await?;
+    println!(
+        "4. projection: {rows} confirmed orders worth {:.2} EUR, each applied {} time(s), {:.1}s after the relay started",
+        total.unwrap_or(0) as f64 / 100.0,
+        max_applications.unwrap_or(0),
+        elapsed.as_secs_f64()
+    );
+    let ok = projected == confirmed as i64 && max_applications == Some(1) && inbox_stats.parked() == 0;
+    if ok {
+        println!("\ndemo ok: {confirmed} orders confirmed -> {confirmed} order.confirmed events published -> {rows} applied once each");
+    } else {
+        println!("\ndemo FAILED: {confirmed} confirmed, {projected} projected, max applications {max_applications:?}");
+    }
+    drop(mock);
+    Ok(ok)
+}
