@@ -6,3 +6,4 @@ pub mod events;
 pub mod orders;
 pub mod projection;
 pub mod relay_process;
+pub mod service_process;

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use outbox_examples as _;
 
 mod broker;
+mod chaos;
 mod demo;
 mod schema;
 
@@ -29,6 +30,8 @@ enum Command {
     Broker(broker::BrokerArgs),
     /// Runs the whole path once: order service -> outbox -> relay -> Kafka -> inbox -> projection.
     Demo(demo::DemoArgs),
+    /// Runs service, 2 relays and 2 consumers as processes, kills them at random, checks nothing is lost or applied twice.
+    Chaos(chaos::ChaosArgs),
 }
 
 /// The workspace root (where `schemas/` lives).
@@ -43,5 +46,6 @@ fn main() -> ExitCode {
         Command::Schema(cmd) => schema::run(cmd),
         Command::Broker(args) => broker::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Chaos(args) => chaos::run(args),
     }
 }

@@ -1,0 +1,367 @@
+//! `cargo xtask chaos --events N --seconds S`: the order service, 2 relays and 2 consumers
+//! as separate processes against the dev broker (an in-process mock cluster). For S
+//! seconds relays and consumers are killed with SIGKILL at random moments and the broker
+//! goes down for a while; then everything is left to settle and the result is checked:
+//! every confirmed order has exactly one applied effect in the projection.
+//!
+//! The last line printed is JSON:
+//! `{"events":N,"published":..,"applied":..,"lost":0,"applied_twice":0,"duplicates_absorbed":..,"kills":..}`;
+//! the exit code is 1 when anything was lost or applied twice. `duplicates_absorbed` counts
+//! the `order.confirmed` records in the topic beyond one per event (published again by a
+//! relay killed before it marked them), each absorbed by the inbox; redeliveries to a
+//! restarted consumer are absorbed too but not counted there.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{AssertSqlSafe, PgPool};
+use uuid::Uuid;
+
+#[derive(Args)]
+pub(crate) struct ChaosArgs {
+    /// Orders to place and confirm (each confirmation is one event to apply once).
+    #[arg(long, default_value_t = 2000)]
+    events: u64,
+    /// How long to inject faults.
+    #[arg(long, default_value_t = 30)]
+    seconds: u64,
+    /// Seed for the random kills (default: from the clock; printed).
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+type Failure = Box<dyn std::error::Error + Send + Sync>;
+
+/// xorshift64*: enough randomness to pick victims and moments, reproducible from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo).max(1)
+    }
+}
+
+pub(crate) fn run(args: ChaosArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("chaos: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(chaos(args)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("chaos failed: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The example binaries, built next to this one.
+fn binaries() -> Result<PathBuf, Failure> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let status =
+        Command::new(cargo).args(["build", "--quiet", "-p", "outbox-examples", "--bins"]).status()?;
+    if !status.success() {
+        return Err("building the example binaries failed".into());
+    }
+    let exe = std::env::current_exe()?;
+    Ok(exe.parent().ok_or("no binary directory")?.to_path_buf())
+}
+
+/// A role's process, restarted after each kill.
+struct Role {
+    name: String,
+    program: PathBuf,
+    env: Vec<(String, String)>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Role {
+    fn start(&mut self) -> Result<(), Failure> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+        let mut command = Command::new(&self.program);
+        command.envs(self.env.iter().map(|(k, v)| (k, v))).stdout(Stdio::null()).stderr(log);
+        self.child = Some(command.spawn()?);
+        Ok(())
+    }
+
+    fn kill(&mut self) -> Result<(), Failure> {
+        if let Some(mut child) = self.child.take() {
+            child.kill()?; // SIGKILL
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    fn stop(&mut self) -> Result<(), Failure> {
+        if let Some(mut child) = self.child.take() {
+            if child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            let _ =
+                Command::new("kill").args(["-TERM", &child.id().to_string()]).stderr(Stdio::null()).status();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if child.try_wait()?.is_some() {
+                    return Ok(());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+}
+
+async fn fresh_database(admin: &PgPool, base_url: &str, name: &str) -> Result<String, Failure> {
+    sqlx::query(AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
+        .execute(admin)
+        .await?;
+    sqlx::query(AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(admin).await?;
+    let server = base_url.rsplit_once('/').map_or(base_url, |(server, _)| server);
+    Ok(format!("{server}/{name}"))
+}
+
+/// Records of `event_type` in `topic`: (all, distinct event ids).
+fn topic_counts(bootstrap: &str, topic: &str, event_type: &str) -> Result<(u64, u64), Failure> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", format!("chaos-reader-{}", Uuid::new_v4()))
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let partitions: Vec<i32> =
+        metadata.topics().iter().flat_map(|t| t.partitions()).map(|p| p.id()).collect();
+    let (mut all, mut ids) = (0u64, BTreeSet::new());
+    for partition in partitions {
+        let (low, high) = consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))?;
+        let mut list = TopicPartitionList::new();
+        list.add_partition_offset(topic, partition, Offset::Offset(low))?;
+        consumer.assign(&list)?;
+        let (mut next, deadline) = (low, Instant::now() + Duration::from_secs(60));
+        while next < high && Instant::now() < deadline {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+                next = m.offset() + 1;
+                let header = |name: &str| {
+                    m.headers().and_then(|hs| {
+                        hs.iter()
+                            .find(|h| h.key == name)
+                            .and_then(|h| h.value)
+                            .map(|v| String::from_utf8_lossy(v).into_owned())
+                    })
+                };
+                if header("ce_type").as_deref() == Some(event_type) {
+                    all += 1;
+                    ids.extend(header("ce_id"));
+                }
+            }
+        }
+    }
+    Ok((all, ids.len() as u64))
+}
+
+/// What the projection says about the confirmed orders.
+#[derive(Debug, PartialEq, Eq)]
+struct Verdict {
+    applied: usize,
+    lost: usize,
+    applied_twice: usize,
+}
+
+/// `projected`: (order id, how many times its effect ran).
+fn verdict(confirmed: &[Uuid], projected: &[(Uuid, i32)]) -> Verdict {
+    let applied: BTreeSet<Uuid> = projected.iter().map(|(id, _)| *id).collect();
+    Verdict {
+        applied: applied.len(),
+        lost: confirmed.iter().filter(|id| !applied.contains(id)).count(),
+        applied_twice: projected.iter().filter(|(_, n)| *n > 1).count(),
+    }
+}
+
+async fn chaos(args: ChaosArgs) -> Result<bool, Failure> {
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+    });
+    let mut rng = Rng(seed | 1);
+    let bin = binaries()?;
+    let base = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| outbox_examples::relay_process::DEFAULT_DATABASE_URL.to_owned());
+    let admin = PgPoolOptions::new().max_connections(1).connect(&base).await?;
+    let orders_url = fresh_database(&admin, &base, "outbox_chaos_orders").await?;
+    let projection_url = fresh_database(&admin, &base, "outbox_chaos_projection").await?;
+    let orders_db = PgPoolOptions::new().max_connections(4).connect(&orders_url).await?;
+    let projection_db = PgPoolOptions::new().max_connections(4).connect(&projection_url).await?;
+
+    let mock: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1)?;
+    mock.create_topic("orders", 6, 1)?;
+    let brokers = mock.bootstrap_servers();
+    let logs = std::env::temp_dir().join(format!("outbox-chaos-{seed}"));
+    std::fs::create_dir_all(&logs)?;
+    println!(
+        "chaos: seed {seed}, {} events, {} s of faults, broker {brokers}, logs in {}",
+        args.events,
+        args.seconds,
+        logs.display()
+    );
+
+    // Migrations first, so that restarted processes never race them.
+    let outbox = outbox_runtime::Outbox::default_ref().clone();
+    outbox.migrator().run(&orders_db).await?;
+    outbox_examples::orders::MIGRATOR.run(&orders_db).await?;
+    outbox_examples::projection::MIGRATOR.run(&projection_db).await?;
+    let inbox_tables = outbox_runtime::inbox::Inbox::new(
+        projection_db.clone(),
+        outbox_examples::consumer_process::inbox_config(&brokers),
+        outbox_examples::projection::handlers(),
+    )?;
+    inbox_tables.migrator().run(&projection_db).await?;
+
+    let role = |name: &str, program: &str, env: &[(&str, &str)], logs: &Path| Role {
+        name: name.to_owned(),
+        program: bin.join(program),
+        env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+        log: logs.join(format!("{name}.log")),
+        child: None,
+    };
+    let events = args.events.to_string();
+    let mut service = role(
+        "order-service",
+        "order-service",
+        &[("DATABASE_URL", &orders_url), ("ORDERS", &events), ("RUST_LOG", "warn")],
+        &logs,
+    );
+    let relay_env = [
+        ("DATABASE_URL", orders_url.as_str()),
+        ("KAFKA_BROKERS", brokers.as_str()),
+        ("OUTBOX_LEASE_TTL_MS", "6000"),
+        ("OUTBOX_MESSAGE_TIMEOUT_MS", "2000"),
+        ("OUTBOX_POLL_MS", "500"),
+        ("RUST_LOG", "warn"),
+    ];
+    let consumer_env = [
+        ("CONSUMER_DATABASE_URL", projection_url.as_str()),
+        ("KAFKA_BROKERS", brokers.as_str()),
+        ("RUST_LOG", "warn"),
+    ];
+    let mut victims = vec![
+        role("relay-1", "relay", &relay_env, &logs),
+        role("relay-2", "relay", &relay_env, &logs),
+        role("consumer-1", "consumer", &consumer_env, &logs),
+        role("consumer-2", "consumer", &consumer_env, &logs),
+    ];
+    service.start()?;
+    for v in &mut victims {
+        v.start()?;
+    }
+
+    let started = Instant::now();
+    let faults_end = started + Duration::from_secs(args.seconds);
+    let outage_at = started + Duration::from_millis(rng.range(args.seconds * 200, args.seconds * 600));
+    let outage = Duration::from_millis(rng.range(2000, 4000));
+    let mut outage_done = false;
+    let mut kills = 0u64;
+    while Instant::now() < faults_end {
+        tokio::time::sleep(Duration::from_millis(rng.range(300, 1500))).await;
+        if !outage_done && Instant::now() >= outage_at {
+            println!("chaos: broker down for {:.1} s", outage.as_secs_f64());
+            mock.broker_down(1)?;
+            tokio::time::sleep(outage).await;
+            mock.broker_up(1)?;
+            outage_done = true;
+        }
+        let victim = &mut victims[rng.range(0, 4) as usize];
+        victim.kill()?;
+        kills += 1;
+        tokio::time::sleep(Duration::from_millis(rng.range(0, 500))).await;
+        victim.start()?;
+        if kills % 10 == 0 {
+            println!("chaos: {kills} kills so far ({} killed last)", victim.name);
+        }
+    }
+    println!("chaos: faults over after {kills} kills; letting it settle");
+
+    // Settle: the service finishes, relays publish everything, consumers apply everything.
+    let settle_deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let service_done = match service.child.as_mut() {
+            Some(child) => child.try_wait()?.is_some(),
+            None => true,
+        };
+        let confirmed: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE status = 'confirmed'")
+            .fetch_one(&orders_db)
+            .await?;
+        let projected: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM confirmed_orders").fetch_one(&projection_db).await?;
+        if service_done && confirmed as u64 == args.events && projected >= confirmed {
+            break;
+        }
+        if Instant::now() > settle_deadline {
+            println!("chaos: did not settle in 180 s: {confirmed} confirmed, {projected} projected, service done: {service_done}");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for v in &mut victims {
+        v.stop()?;
+    }
+    service.stop()?;
+
+    let confirmed: Vec<Uuid> =
+        sqlx::query_scalar("SELECT id FROM orders WHERE status = 'confirmed'").fetch_all(&orders_db).await?;
+    let published: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox WHERE event_type = 'order.confirmed' AND status = 'published'",
+    )
+    .fetch_one(&orders_db)
+    .await?;
+    let projected: Vec<(Uuid, i32)> = sqlx::query_as("SELECT order_id, applications FROM confirmed_orders")
+        .fetch_all(&projection_db)
+        .await?;
+    let Verdict { applied, lost, applied_twice } = verdict(&confirmed, &projected);
+    let (in_topic, distinct) = topic_counts(&brokers, "orders", "order.confirmed")?;
+    let line = format!(
+        "{{\"events\":{},\"published\":{published},\"applied\":{},\"lost\":{lost},\"applied_twice\":{applied_twice},\"duplicates_absorbed\":{},\"kills\":{kills}}}",
+        confirmed.len(),
+        applied,
+        in_topic - distinct
+    );
+    drop(mock);
+    println!("{line}");
+    Ok(lost == 0 && applied_twice == 0 && confirmed.len() as u64 == args.events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdict_counts_lost_and_twice_applied_orders() {
+        let ids: Vec<Uuid> = (0..4u128).map(Uuid::from_u128).collect();
+        assert_eq!(
+            verdict(&ids, &ids.iter().map(|id| (*id, 1)).collect::<Vec<_>>()),
+            Verdict { applied: 4, lost: 0, applied_twice: 0 }
+        );
+        let projected = [(ids[0], 1), (ids[1], 2), (ids[3], 1)];
+        assert_eq!(verdict(&ids, &projected), Verdict { applied: 3, lost: 1, applied_twice: 1 });
+    }
+}
