@@ -71,15 +71,24 @@ impl Kafka {
 
     /// Creates `topic` with `partitions` partitions unless it exists.
     pub async fn create_topic(&self, topic: &str, partitions: i32) {
+        self.create_topic_with(topic, partitions, &[]).await;
+    }
+
+    /// Creates `topic` with topic settings (ignored by the mock cluster, which takes none).
+    pub async fn create_topic_with(&self, topic: &str, partitions: i32, settings: &[(&str, &str)]) {
         if let Some(mock) = &self.mock {
             mock.create_topic(topic, partitions, 1).expect("create topic on the mock cluster");
             return;
         }
         let admin: AdminClient<DefaultClientContext> =
             ClientConfig::new().set("bootstrap.servers", &self.bootstrap).create().expect("admin client");
+        let mut new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+        for (key, value) in settings {
+            new_topic = new_topic.set(key, value);
+        }
         let results = admin
             .create_topics(
-                &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+                &[new_topic],
                 &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
             )
             .await

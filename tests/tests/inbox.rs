@@ -484,3 +484,60 @@ async fn committed_offsets_never_pass_an_unfinished_message(pool: PgPool) {
     );
     running.shutdown().await;
 }
+
+#[sqlx::test(migrations = false)]
+async fn start_up_refuses_a_dedup_retention_shorter_than_the_topics(pool: PgPool) {
+    // The topic keeps messages 7 days; the inbox would forget event ids after 1 day, and
+    // replays reach back 7 days. Brokers that report retention.ms (Kafka, Tansu) make a
+    // refusing inbox stop at start-up; the mock cluster answers no DescribeConfigs, and
+    // then the inbox starts with a warning that it could not check.
+    let kafka = Kafka::start();
+    let topic = format!("inbox-retention-{}", Uuid::new_v4().simple());
+    kafka.create_topic_with(&topic, 1, &[("retention.ms", "604800000")]).await;
+    let day = Duration::from_secs(86_400);
+    let config = InboxConfig::new("retention", kafka.bootstrap(), [topic.clone()])
+        .dedup_retention(Some(day))
+        .replay_window(7 * day)
+        .refuse_short_retention(true);
+    let inbox = Inbox::new(pool.clone(), config, Handlers::new()).expect("inbox");
+    inbox.migrator().run(&pool).await.expect("migrate");
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(inbox.run(stop.clone()));
+    match tokio::time::timeout(Duration::from_secs(20), run).await {
+        Ok(result) => {
+            let err = result.expect("task").expect_err("refused");
+            let text = err.to_string();
+            assert!(text.contains("DEDUP RETENTION TOO SHORT"), "{text}");
+            assert!(text.contains("14.0 days are needed"), "{text}");
+            assert!(kafka.mock_cluster().is_none(), "only a broker that reports retention.ms can refuse");
+        }
+        Err(_) => {
+            // Still running after 20 s: it could not read retention.ms and went on.
+            assert!(
+                kafka.mock_cluster().is_some(),
+                "a broker that reports retention.ms must have made it refuse"
+            );
+            stop.cancel();
+        }
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn inbox_cleanup_deletes_only_rows_past_dedup_retention_in_batches(pool: PgPool) {
+    let config = InboxConfig::new("cleanup", "127.0.0.1:1", ["unused"]);
+    let inbox = Inbox::new(pool.clone(), config, Handlers::new()).expect("inbox");
+    inbox.migrator().run(&pool).await.expect("migrate");
+    sqlx::query(
+        "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, applied_at) \
+         SELECT 'cleanup', gen_random_uuid(), 'test.credit', 1, 't', 0, n, \
+                CASE WHEN n <= 25 THEN now() - interval '40 days' ELSE now() END \
+         FROM generate_series(1, 30) AS n",
+    )
+    .execute(&pool)
+    .await
+    .expect("rows");
+    let deleted = inbox.delete_applied(Duration::from_secs(30 * 86_400), 10).await.expect("cleanup");
+    assert_eq!(deleted, 25);
+    assert_eq!(count(&pool, "SELECT count(*) FROM inbox").await, 5, "recent dedup keys stay");
+    assert_eq!(count(&pool, "SELECT min(kafka_offset) FROM inbox").await, 26);
+}

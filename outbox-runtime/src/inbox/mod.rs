@@ -406,23 +406,22 @@ CREATE TABLE {aggregates} (
     /// redelivered), commits the finished offsets and returns.
     pub async fn run(self, shutdown: CancellationToken) -> Result<()> {
         let consumer = Arc::new(self.kafka_consumer()?);
-        match retention::check_topics(&self.config, consumer.as_ref()).await {
-            RetentionVerdict::Short(message) if self.config.refuse_short_retention => {
-                return Err(Error::Config(message))
+        let tracker = TaskTracker::new();
+        if self.config.refuse_short_retention {
+            // Refusing needs the verdict before consuming anything.
+            match retention::check_topics(&self.config).await {
+                RetentionVerdict::Short(message) => return Err(Error::Config(message)),
+                verdict => warn_retention(&self.config.consumer, verdict),
             }
-            RetentionVerdict::Short(message) => {
-                warn!(consumer = %self.config.consumer, stage = "startup", "{message}")
-            }
-            RetentionVerdict::Unknown(message) => {
-                warn!(consumer = %self.config.consumer, stage = "startup", "{message}")
-            }
-            RetentionVerdict::Covered => {}
+        } else {
+            // Only a warning: do not hold up start-up (some brokers never answer).
+            let (config, name) = (self.config.clone(), self.config.consumer.clone());
+            tracker.spawn(async move { warn_retention(&name, retention::check_topics(&config).await) });
         }
         let topics: Vec<&str> = self.config.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
         info!(consumer = %self.config.consumer, topics = ?topics, "inbox started");
 
-        let tracker = TaskTracker::new();
         if let Some(retention) = self.config.dedup_retention {
             tracker.spawn(cleanup_loop(
                 self.pool.clone(),
@@ -656,6 +655,15 @@ CREATE TABLE {aggregates} (
     /// Deletes inbox rows applied more than `older_than` ago, `batch_size` per statement.
     pub async fn delete_applied(&self, older_than: Duration, batch_size: u32) -> Result<u64> {
         delete_applied(&self.pool, &self.names.inbox, older_than, batch_size).await
+    }
+}
+
+fn warn_retention(consumer: &str, verdict: RetentionVerdict) {
+    match verdict {
+        RetentionVerdict::Covered => {}
+        RetentionVerdict::Short(message) | RetentionVerdict::Unknown(message) => {
+            warn!(consumer, stage = "startup", "{message}");
+        }
     }
 }
 

@@ -58,10 +58,7 @@ pub fn judge(
 }
 
 /// Reads `retention.ms` of every configured topic from the broker and judges it.
-pub(crate) async fn check_topics(
-    config: &InboxConfig,
-    _consumer: &impl rdkafka::consumer::Consumer,
-) -> RetentionVerdict {
+pub(crate) async fn check_topics(config: &InboxConfig) -> RetentionVerdict {
     let admin: AdminClient<DefaultClientContext> =
         match ClientConfig::new().set("bootstrap.servers", &config.brokers).create() {
             Ok(admin) => admin,
