@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_runtime::inbox::{EventHandler, HandlerError, Handlers, Inbox, InboxConfig, InboxStats, Meta};
+use outbox_runtime::inbox::{
+    EventHandler, HandlerError, Handlers, Inbox, InboxConfig, InboxStats, Meta, RawHandler,
+};
 use outbox_runtime::OutboxEvent;
 use outbox_tests::eventually;
 use outbox_tests::kafka::Kafka;
@@ -540,4 +542,43 @@ async fn inbox_cleanup_deletes_only_rows_past_dedup_retention_in_batches(pool: P
     assert_eq!(deleted, 25);
     assert_eq!(count(&pool, "SELECT count(*) FROM inbox").await, 5, "recent dedup keys stay");
     assert_eq!(count(&pool, "SELECT min(kafka_offset) FROM inbox").await, 26);
+}
+
+/// Keeps every message no typed handler claims, raw.
+struct Archive;
+
+impl RawHandler for Archive {
+    async fn handle(&self, tx: &mut PgConnection, payload: &[u8], meta: &Meta) -> Result<(), HandlerError> {
+        sqlx::query("INSERT INTO archive (event_type, payload) VALUES ($1, $2)")
+            .bind(&meta.event_type)
+            .bind(payload)
+            .execute(tx)
+            .await?;
+        Ok(())
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_fallback_handler_gets_raw_messages_no_typed_handler_claims(pool: PgPool) {
+    let s = setup(&pool).await;
+    sqlx::query("CREATE TABLE archive (event_type text, payload bytea)")
+        .execute(&pool)
+        .await
+        .expect("archive");
+    s.produce("k", br#"{"anything":true}"#, &event_headers(Uuid::now_v7(), "test.other", None, "k")).await;
+    s.credit("k", 9, None).await;
+    let ledger = Ledger::default();
+    let handlers = Handlers::new().on::<Credit, _>(ledger.clone()).fallback(Archive);
+    let inbox = Inbox::new(pool.clone(), s.config("fallback"), handlers).expect("inbox");
+    inbox.migrator().run(&pool).await.expect("migrate");
+    let stats = inbox.stats();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(inbox.run(stop.clone()));
+    assert!(eventually(Duration::from_secs(30), || async { stats.applied() == 2 }).await);
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+    let archived: Vec<(String, Vec<u8>)> =
+        sqlx::query_as("SELECT event_type, payload FROM archive").fetch_all(&pool).await.expect("archive");
+    assert_eq!(archived, [("test.other".to_owned(), br#"{"anything":true}"#.to_vec())]);
+    assert_eq!(credits(&pool).await, [("k".to_owned(), 9)], "the typed handler still takes its type");
 }
