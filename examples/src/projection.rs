@@ -1,12 +1,15 @@
 //! The example consumer: a projection of confirmed orders in its own database, kept by
 //! the inbox (each event applied once, in the transaction that records it).
+//!
+//! It does not use the producer's structs: it decodes with the types generated from the
+//! committed schemas (`consumer_types`, by `cargo xtask typegen`) and dispatches on the
+//! generated enum, as a consumer in another service would.
 
-use outbox_runtime::inbox::{EventHandler, HandlerError, Handlers, Meta};
-use outbox_runtime::OutboxEvent;
+use outbox_runtime::inbox::{HandlerError, Handlers, Meta, RawHandler};
 use sqlx::migrate::Migrator;
 use sqlx::PgConnection;
 
-use crate::events::{OrderConfirmed, OrderConfirmedV1};
+use crate::consumer_types::{decode, Event, OrderConfirmed};
 
 /// The projection's own migrations (`examples/consumer_migrations`).
 pub static MIGRATOR: Migrator = sqlx::migrate!("./consumer_migrations");
@@ -42,33 +45,26 @@ async fn record(
     Ok(())
 }
 
-impl EventHandler<OrderConfirmed> for ConfirmedOrders {
-    async fn handle(
-        &self,
-        tx: &mut PgConnection,
-        event: OrderConfirmed,
-        meta: &Meta,
-    ) -> Result<(), HandlerError> {
-        record(tx, event.order_id, event.total_cents, &event.currency, meta).await
+impl RawHandler for ConfirmedOrders {
+    async fn handle(&self, tx: &mut PgConnection, payload: &[u8], meta: &Meta) -> Result<(), HandlerError> {
+        match decode(&meta.event_type, meta.schema_version, payload).map_err(HandlerError::permanent)? {
+            Event::OrderConfirmed(OrderConfirmed::V2(e)) => {
+                record(tx, e.order_id, e.total_cents, &e.currency, meta).await
+            }
+            // v1 events predate currencies; the service then sold in euros only.
+            Event::OrderConfirmed(OrderConfirmed::V1(e)) => {
+                record(tx, e.order_id, e.total_cents, "EUR", meta).await
+            }
+            other => Err(HandlerError::permanent(format!(
+                "{} v{} is not for this projection: {other:?}",
+                meta.event_type, meta.schema_version
+            ))),
+        }
     }
 }
 
-impl EventHandler<OrderConfirmedV1> for ConfirmedOrders {
-    async fn handle(
-        &self,
-        tx: &mut PgConnection,
-        event: OrderConfirmedV1,
-        meta: &Meta,
-    ) -> Result<(), HandlerError> {
-        // v1 events predate currencies; the service then sold in euros only.
-        record(tx, event.order_id, event.total_cents, "EUR", meta).await
-    }
-}
-
-/// The projection's handlers: both versions of `order.confirmed`; `order.placed` is not its business.
+/// The projection's handlers: `order.confirmed` (every version) through the generated
+/// enum; `order.placed` is not its business.
 pub fn handlers() -> Handlers {
-    Handlers::new()
-        .on::<OrderConfirmed, _>(ConfirmedOrders)
-        .on::<OrderConfirmedV1, _>(ConfirmedOrders)
-        .ignore(crate::events::OrderPlaced::EVENT_TYPE)
+    Handlers::new().ignore("order.placed").fallback(ConfirmedOrders)
 }

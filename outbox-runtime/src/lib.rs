@@ -61,6 +61,8 @@ pub mod registry;
 pub mod relay;
 pub mod schema;
 mod table;
+#[cfg(feature = "typegen")]
+pub mod typegen;
 
 pub use append::{append, AppendOptions, NewEvent, RESERVED_HEADER_BYTES};
 pub use error::{Error, Result};

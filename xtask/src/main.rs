@@ -13,6 +13,7 @@ mod broker;
 mod chaos;
 mod demo;
 mod schema;
+mod typegen;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "Chores of the outbox workspace", version)]
@@ -32,6 +33,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Runs service, 2 relays and 2 consumers as processes, kills them at random, checks nothing is lost or applied twice.
     Chaos(chaos::ChaosArgs),
+    /// Generates consumer types from the committed schemas (or checks them with --check).
+    Typegen(typegen::TypegenArgs),
 }
 
 /// The workspace root (where `schemas/` lives).
@@ -47,5 +50,6 @@ fn main() -> ExitCode {
         Command::Broker(args) => broker::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Chaos(args) => chaos::run(args),
+        Command::Typegen(args) => typegen::run(args),
     }
 }

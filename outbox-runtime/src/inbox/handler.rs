@@ -241,11 +241,24 @@ impl Handlers {
         self
     }
 
-    pub(crate) fn find(&self, event_type: &str, schema_version: u32) -> Option<&Arc<dyn Erased>> {
-        self.typed.get(&(event_type.to_owned(), schema_version)).or(self.fallback.as_ref())
+    /// A typed handler first, then an ignored type, then the fallback.
+    pub(crate) fn resolve(&self, event_type: &str, schema_version: u32) -> Resolved<'_> {
+        if let Some(handler) = self.typed.get(&(event_type.to_owned(), schema_version)) {
+            return Resolved::Handler(handler);
+        }
+        if self.ignored.contains(event_type) {
+            return Resolved::Ignored;
+        }
+        match &self.fallback {
+            Some(handler) => Resolved::Handler(handler),
+            None => Resolved::Unhandled,
+        }
     }
+}
 
-    pub(crate) fn ignores(&self, event_type: &str) -> bool {
-        self.ignored.contains(event_type)
-    }
+/// What handles a message.
+pub(crate) enum Resolved<'h> {
+    Handler(&'h Arc<dyn Erased>),
+    Ignored,
+    Unhandled,
 }

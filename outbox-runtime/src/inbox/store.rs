@@ -4,7 +4,7 @@
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, SqlSafeStr, SqlStr, Transaction};
 use tracing::warn;
 
-use super::handler::{Dispatch, HandlerError, Handlers, Meta};
+use super::handler::{Dispatch, HandlerError, Handlers, Meta, Resolved};
 use super::message::Incoming;
 use crate::error::Result;
 use crate::table::validate_identifier;
@@ -193,17 +193,18 @@ impl Store {
             Ok(meta) => meta,
             Err(reason) => return self.park_instead(tx, msg, reason, resolves).await,
         };
-        if handlers.find(&meta.event_type, meta.schema_version).is_none()
-            && handlers.ignores(&meta.event_type)
-        {
-            self.resolve(&mut tx, resolves).await?;
-            tx.commit().await?;
-            return Ok(Outcome::Ignored);
-        }
-        let Some(handler) = handlers.find(&meta.event_type, meta.schema_version) else {
-            let reason =
-                format!("no handler for event type {} version {}", meta.event_type, meta.schema_version);
-            return self.park_instead(tx, msg, &reason, resolves).await;
+        let handler = match handlers.resolve(&meta.event_type, meta.schema_version) {
+            Resolved::Handler(handler) => handler,
+            Resolved::Ignored => {
+                self.resolve(&mut tx, resolves).await?;
+                tx.commit().await?;
+                return Ok(Outcome::Ignored);
+            }
+            Resolved::Unhandled => {
+                let reason =
+                    format!("no handler for event type {} version {}", meta.event_type, meta.schema_version);
+                return self.park_instead(tx, msg, &reason, resolves).await;
+            }
         };
         let new: Option<i32> = sqlx::query_scalar(self.insert_inbox.clone())
             .bind(&self.consumer)
