@@ -14,8 +14,8 @@ use crate::outbox::Outbox;
 use crate::table::Names;
 use crate::OutboxEvent;
 
-/// Room counted for the headers the relay adds (`ce_id`, `ce_type`, `ce_time`, ...) when
-/// an append checks the record size.
+/// Room counted for the fixed headers the relay adds (names, `ce_id`, `ce_time`,
+/// `ce_source`, versions, ...) when an append checks the record size.
 pub const RESERVED_HEADER_BYTES: usize = 512;
 
 /// Options of one append.
@@ -80,7 +80,13 @@ impl NewEvent {
         }
         let aggregate_id = event.aggregate_id();
         let header_bytes: usize = options.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
-        let record_bytes = aggregate_id.len() + payload.len() + header_bytes + RESERVED_HEADER_BYTES;
+        // The aggregate id travels twice (key and ce_subject), the type names once each.
+        let record_bytes = 2 * aggregate_id.len()
+            + payload.len()
+            + header_bytes
+            + E::EVENT_TYPE.len()
+            + E::AGGREGATE_TYPE.len()
+            + RESERVED_HEADER_BYTES;
         let headers = serde_json::to_string(&options.headers)
             .map_err(|source| Error::Serialize { event_type: E::EVENT_TYPE, source })?;
         Ok(NewEvent {
@@ -102,7 +108,8 @@ impl NewEvent {
         self.event_id
     }
 
-    /// Key, value and headers, in bytes, counting [`RESERVED_HEADER_BYTES`] for the relay's.
+    /// Key, value and headers, in bytes: the aggregate id twice (key and `ce_subject`), the
+    /// type names, extra headers, and [`RESERVED_HEADER_BYTES`] for the rest of the relay's.
     pub fn record_bytes(&self) -> usize {
         self.record_bytes
     }
@@ -127,6 +134,11 @@ pub(crate) fn insert_sql(names: &Names, notify: bool) -> String {
 impl Outbox {
     /// Appends `event` on `conn`, normally the caller's open transaction: it commits or
     /// rolls back with the business change. Returns the event id.
+    ///
+    /// Events of one aggregate are published in the order of their appends, so appends of
+    /// one aggregate must not race: lock the aggregate first (the conditional
+    /// `UPDATE ... RETURNING version` of the business change does), so each append commits
+    /// before the next one of the same aggregate starts.
     ///
     /// ```no_run
     /// # async fn f(pool: sqlx::PgPool, event: impl outbox_runtime::OutboxEvent) -> outbox_runtime::Result<()> {

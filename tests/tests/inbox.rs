@@ -48,6 +48,9 @@ impl EventHandler<Credit> for Ledger {
         if let (Some(gate), "slow") = (&self.gate, credit.account.as_str()) {
             gate.acquire().await.expect("gate").forget();
         }
+        if credit.account == "panic" {
+            panic!("the ledger cannot take account {}", credit.account);
+        }
         // Written before any failure: a rollback must take it away.
         sqlx::query("INSERT INTO credits (event_id, account, amount) VALUES ($1, $2, $3)")
             .bind(meta.event_id)
@@ -253,18 +256,24 @@ async fn malformed_messages_are_parked_with_reasons_and_other_keys_flow(pool: Pg
     s.credit("good", 7, None).await;
     // A type this consumer ignores on purpose is skipped, not parked.
     s.produce("audit", b"{}", &event_headers(Uuid::now_v7(), "test.audit", None, "audit")).await;
+    // A header PostgreSQL text cannot hold, and a handler that panics.
+    let mut nul = ok("bad-5");
+    nul[2].1 = "test.cre\0dit".to_owned();
+    s.produce("bad-5", b"{}", &nul).await;
+    s.credit("panic", 1, None).await;
     let ledger = Ledger::default();
     let (running, operator) = start(&pool, s.config("malformed"), &ledger).await;
     let stats = running.stats.clone();
     assert!(
         eventually(Duration::from_secs(30), || async {
-            stats.parked() == 4 && stats.held() == 1 && stats.applied() == 1
+            stats.parked() == 6 && stats.held() == 1 && stats.applied() == 1 && stats.ignored() == 1
         })
         .await,
-        "parked {} held {} applied {}",
+        "parked {} held {} applied {} ignored {}",
         stats.parked(),
         stats.held(),
-        stats.applied()
+        stats.applied(),
+        stats.ignored()
     );
     running.shutdown().await;
     assert_eq!(credits(&pool).await, [("good".to_owned(), 7)]);
@@ -281,6 +290,8 @@ async fn malformed_messages_are_parked_with_reasons_and_other_keys_flow(pool: Pg
     assert_eq!(reason_of("bad-3", "parked"), "no handler for event type test.unknown version 1");
     assert!(reason_of("bad-4", "parked").starts_with("payload does not decode as test.credit v1"));
     assert!(reason_of("bad-1", "held").starts_with("held behind parked message"));
+    assert_eq!(reason_of("bad-5", "parked"), "header ce_type (contains NUL): not storable text");
+    assert_eq!(reason_of("panic", "parked"), "handler panicked: the ledger cannot take account panic");
     let raw = parked.iter().find(|p| p.record_key.as_deref() == Some(b"bad-2".as_slice())).expect("bad-2");
     assert_eq!(raw.payload, b"not json at all", "raw bytes are kept");
 }
@@ -298,7 +309,7 @@ async fn operator_retry_and_discard_release_held_messages_in_order(pool: PgPool)
     s.credit("acc-a", 1, None).await;
     s.credit("acc-a", 2, None).await;
     s.credit("acc-a", 3, None).await;
-    s.credit("acc-c", 100, None).await;
+    let discarded_event = s.credit("acc-c", 100, None).await;
     s.credit("acc-c", 101, None).await;
     s.credit("acc-b", 50, None).await;
     let ledger = Ledger::default();
@@ -362,6 +373,15 @@ async fn operator_retry_and_discard_release_held_messages_in_order(pool: PgPool)
         .await
         .expect("discarded");
     assert!(discarded.ends_with("discarded: refunded by hand"), "{discarded}");
+
+    // The discarded event delivered again (a relay duplicate) is absorbed, not applied.
+    let payload = serde_json::to_vec(&Credit { account: "acc-c".into(), amount: 100 }).expect("json");
+    s.produce("acc-c", &payload, &event_headers(discarded_event, "test.credit", None, "acc-c")).await;
+    let (again, _) = start(&pool, s.config("operator"), &ledger).await;
+    let stats = again.stats.clone();
+    assert!(eventually(Duration::from_secs(30), || async { stats.duplicates() == 1 }).await);
+    again.shutdown().await;
+    assert_eq!(credits(&pool).await.len(), 5, "the discarded credit never applies");
 }
 
 #[sqlx::test(migrations = false)]

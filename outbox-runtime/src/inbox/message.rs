@@ -33,7 +33,11 @@ fn read_meta(
     place: (&str, i32, i64),
 ) -> Result<Meta, String> {
     if let Some(bad) = bad_headers.first() {
-        return Err(format!("header {bad} is not UTF-8"));
+        return Err(if bad.ends_with("(contains NUL)") {
+            format!("header {bad}: not storable text")
+        } else {
+            format!("header {bad} is not UTF-8")
+        });
     }
     let id = header(headers, "ce_id")?;
     let event_id = Uuid::parse_str(id).map_err(|e| format!("header ce_id {id:?} is not a UUID: {e}"))?;
@@ -80,6 +84,12 @@ impl Incoming {
         if let Some(hs) = message.headers() {
             for h in hs.iter() {
                 match std::str::from_utf8(h.value.unwrap_or_default()) {
+                    // PostgreSQL text cannot hold NUL: such a header makes the message
+                    // unreadable, and is stored with the NUL replaced so it can be parked.
+                    Ok(v) if v.contains('\0') || h.key.contains('\0') => {
+                        bad_headers.push(format!("{} (contains NUL)", h.key.replace('\0', "\u{fffd}")));
+                        headers.insert(h.key.replace('\0', "\u{fffd}"), v.replace('\0', "\u{fffd}"));
+                    }
                     Ok(v) => {
                         headers.insert(h.key.to_owned(), v.to_owned());
                     }

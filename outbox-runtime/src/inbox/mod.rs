@@ -37,6 +37,9 @@ mod retention;
 mod store;
 
 use std::collections::{BTreeMap, HashMap};
+use std::panic::AssertUnwindSafe;
+
+use futures_util::FutureExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -332,7 +335,7 @@ CREATE TABLE {inbox} (
     topic             text NOT NULL,
     kafka_partition   integer NOT NULL,
     kafka_offset      bigint NOT NULL,
-    outcome           text NOT NULL DEFAULT 'applied' CHECK (outcome IN ('applied', 'stale')),
+    outcome           text NOT NULL DEFAULT 'applied' CHECK (outcome IN ('applied', 'stale', 'discarded')),
     applied_at        timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (consumer, event_id)
 );
@@ -360,15 +363,17 @@ CREATE TABLE {parked} (
 );
 CREATE INDEX "{table}_parked_open" ON {parked} (consumer, record_key, id) WHERE status IN ('parked', 'held');
 
--- Last applied aggregate_version per aggregate, with the gaps and stale events seen.
+-- Last applied aggregate_version per aggregate and topic (order holds within a topic's
+-- partition only), with the gaps and stale events seen.
 CREATE TABLE {aggregates} (
     consumer       text NOT NULL,
+    topic          text NOT NULL,
     aggregate_type text NOT NULL,
     aggregate_id   text NOT NULL,
     last_version   bigint NOT NULL,
     gaps           bigint NOT NULL DEFAULT 0,
     stale          bigint NOT NULL DEFAULT 0,
-    PRIMARY KEY (consumer, aggregate_type, aggregate_id)
+    PRIMARY KEY (consumer, topic, aggregate_type, aggregate_id)
 );
 "#
         );
@@ -453,7 +458,12 @@ CREATE TABLE {aggregates} (
                             tx
                         });
                         tokio::select! {
-                            _ = sender.send(message) => {}
+                            sent = sender.send(message) => if sent.is_err() {
+                                // The worker is gone (it cannot end otherwise): stop, so the
+                                // partition is redelivered after a restart instead of skipped.
+                                warn!(consumer = %self.config.consumer, stage = "consume", "a partition worker stopped; stopping the consumer");
+                                break;
+                            },
                             () = shutdown.cancelled() => break,
                         }
                     }
@@ -471,6 +481,8 @@ CREATE TABLE {aggregates} (
         while let Some((topic, partition, next)) = done_rx.recv().await {
             finished.insert((topic, partition), next);
         }
+        // An async commit may have failed unseen: commit every finished offset once more.
+        committed.clear();
         commit(&consumer, &finished, &mut committed, CommitMode::Sync);
         info!(consumer = %self.config.consumer, applied = self.stats.applied(), "inbox stopped");
         Ok(())
@@ -500,7 +512,20 @@ CREATE TABLE {aggregates} (
                 let finished = async {
                     loop {
                         attempt += 1;
-                        let reason = match store.process(&pool, &handlers, &incoming).await {
+                        let processed = AssertUnwindSafe(store.process(&pool, &handlers, &incoming)).catch_unwind().await;
+                        let processed = match processed {
+                            Ok(result) => result,
+                            // A panicking handler is a permanent failure of this message.
+                            Err(panic) => {
+                                let what = panic
+                                    .downcast_ref::<&str>()
+                                    .map(|s| (*s).to_owned())
+                                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                                    .unwrap_or_else(|| "unknown panic".to_owned());
+                                store.park_after_rollback(&pool, &incoming, &format!("handler panicked: {what}"), None).await
+                            }
+                        };
+                        let reason = match processed {
                             Ok(Outcome::RetryLater(reason)) => reason,
                             Ok(outcome) => {
                                 if let Outcome::Parked(reason) = &outcome {
@@ -582,33 +607,42 @@ CREATE TABLE {aggregates} (
 
     async fn release(&self, id: i64, discard: Option<&str>) -> Result<Released> {
         let parked = &self.names.parked;
-        let key: Option<Option<Vec<u8>>> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT record_key FROM {parked} WHERE id = $1 AND consumer = $2 AND status = 'parked'"
+        let inbox = &self.names.inbox;
+        // The target must be open and the first open message of its key.
+        let target: Option<(Option<Vec<u8>>, bool)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT record_key, NOT EXISTS (SELECT 1 FROM {parked} q WHERE q.consumer = p.consumer \
+                 AND q.record_key = p.record_key AND q.status IN ('parked', 'held') AND q.id < p.id) \
+             FROM {parked} p WHERE id = $1 AND consumer = $2 AND status IN ('parked', 'held')"
         )))
         .bind(id)
         .bind(&self.config.consumer)
         .fetch_optional(&self.pool)
         .await?;
-        let Some(key) = key else {
-            return Err(Error::Config(format!(
-                "no parked message {id} for consumer {}",
-                self.config.consumer
-            )));
+        let key = match target {
+            None => {
+                return Err(Error::Config(format!(
+                    "no parked message {id} for consumer {}",
+                    self.config.consumer
+                )))
+            }
+            Some((_, false)) => {
+                return Err(Error::Config(format!(
+                    "message {id} is held behind an earlier one of its key: release that first"
+                )))
+            }
+            Some((key, true)) => key,
         };
         type Row =
             (i64, String, i32, i64, Option<Vec<u8>>, sqlx::types::Json<BTreeMap<String, String>>, Vec<u8>);
-        let select_open = format!(
+        // The next open message of the key, read under the key's lock each time, so that
+        // messages arriving during the release are released too, in order.
+        let next_open = format!(
             "SELECT id, topic, kafka_partition, kafka_offset, record_key, headers, payload FROM {parked} \
-             WHERE consumer = $1 AND status IN ('parked', 'held') AND (id = $2 OR (record_key = $3 AND id > $2)) ORDER BY id"
+             WHERE consumer = $1 AND status IN ('parked', 'held') AND (id = $2 OR (record_key = $3 AND id > $2)) \
+             ORDER BY id LIMIT 1"
         );
-        let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(select_open))
-            .bind(&self.config.consumer)
-            .bind(id)
-            .bind(key.as_deref())
-            .fetch_all(&self.pool)
-            .await?;
         let mut released = Released::default();
-        for (row_id, topic, partition, offset, key, headers, payload) in rows {
+        loop {
             let mut tx = self.pool.begin().await?;
             if let Some(key) = key.as_deref() {
                 sqlx::query(
@@ -619,20 +653,41 @@ CREATE TABLE {aggregates} (
                 .execute(&mut *tx)
                 .await?;
             }
+            let row: Option<Row> = sqlx::query_as(AssertSqlSafe(next_open.as_str()))
+                .bind(&self.config.consumer)
+                .bind(id)
+                .bind(key.as_deref())
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some((row_id, topic, partition, offset, row_key, headers, payload)) = row else {
+                tx.commit().await?;
+                return Ok(released);
+            };
             if row_id == id {
                 if let Some(reason) = discard {
                     sqlx::query(AssertSqlSafe(format!(
-                        "UPDATE {parked} SET status = 'discarded', resolved_at = now(), reason = reason || '; discarded: ' || $2 WHERE id = $1"
+                        "UPDATE {parked} SET status = 'discarded', resolved_at = now(), reason = reason || '; discarded: ' || $2 \
+                         WHERE id = $1 AND status IN ('parked', 'held')"
                     )))
                     .bind(id)
                     .bind(reason)
+                    .execute(&mut *tx)
+                    .await?;
+                    // Remember its event id: a later delivery of the same event is absorbed.
+                    sqlx::query(AssertSqlSafe(format!(
+                        "INSERT INTO {inbox} (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, outcome) \
+                         SELECT consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, 'discarded' \
+                         FROM {parked} WHERE id = $1 AND event_id IS NOT NULL AND event_type IS NOT NULL AND schema_version IS NOT NULL \
+                         ON CONFLICT (consumer, event_id) DO NOTHING"
+                    )))
+                    .bind(id)
                     .execute(&mut *tx)
                     .await?;
                     tx.commit().await?;
                     continue;
                 }
             }
-            let incoming = Incoming::from_parts(&topic, partition, offset, key, payload, headers.0, &[]);
+            let incoming = Incoming::from_parts(&topic, partition, offset, row_key, payload, headers.0, &[]);
             match self
                 .store
                 .apply(&self.pool, tx, &self.handlers, &incoming, Some((row_id, "retried")))
@@ -640,16 +695,15 @@ CREATE TABLE {aggregates} (
             {
                 Outcome::Parked(reason) => {
                     released.parked_again = Some(reason);
-                    break;
+                    return Ok(released);
                 }
                 Outcome::RetryLater(reason) => {
                     released.parked_again = Some(format!("transient failure, try again: {reason}"));
-                    break;
+                    return Ok(released);
                 }
                 _ => released.applied += 1,
             }
         }
-        Ok(released)
     }
 
     /// Deletes inbox rows applied more than `older_than` ago, `batch_size` per statement.

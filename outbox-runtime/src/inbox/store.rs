@@ -59,6 +59,7 @@ pub(crate) struct Store {
     lock_key: SqlStr,
     find_hold: SqlStr,
     park: SqlStr,
+    parked_status: SqlStr,
     insert_inbox: SqlStr,
     version: SqlStr,
     first_version: SqlStr,
@@ -88,7 +89,10 @@ impl Store {
                 "INSERT INTO {parked} (consumer, topic, kafka_partition, kafka_offset, record_key, headers, payload, \
                                        event_id, event_type, schema_version, status, reason) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
-                 ON CONFLICT (consumer, topic, kafka_partition, kafka_offset) DO NOTHING"
+                 ON CONFLICT (consumer, topic, kafka_partition, kafka_offset) DO NOTHING RETURNING id"
+            )),
+            parked_status: sql(format!(
+                "SELECT status FROM {parked} WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 AND kafka_offset = $4"
             )),
             insert_inbox: sql(format!(
                 "INSERT INTO {inbox} (consumer, event_id, event_type, schema_version, aggregate_type, aggregate_id, \
@@ -98,18 +102,18 @@ impl Store {
             )),
             version: sql(format!(
                 "SELECT last_version FROM {aggregates} \
-                 WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 FOR UPDATE"
+                 WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND topic = $4 FOR UPDATE"
             )),
             first_version: sql(format!(
-                "INSERT INTO {aggregates} (consumer, aggregate_type, aggregate_id, last_version) VALUES ($1, $2, $3, $4)"
+                "INSERT INTO {aggregates} (consumer, aggregate_type, aggregate_id, topic, last_version) VALUES ($1, $2, $3, $5, $4)"
             )),
             bump_version: sql(format!(
                 "UPDATE {aggregates} SET last_version = $4, gaps = gaps + $5 \
-                 WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3"
+                 WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND topic = $6"
             )),
             mark_stale: sql(format!(
                 "WITH s AS (UPDATE {aggregates} SET stale = stale + 1 \
-                            WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3) \
+                            WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND topic = $5) \
                  UPDATE {inbox} SET outcome = 'stale' WHERE consumer = $1 AND event_id = $4"
             )),
             resolve: sql(format!("UPDATE {parked} SET status = $2, resolved_at = now() WHERE id = $1")),
@@ -133,17 +137,18 @@ impl Store {
             .await?)
     }
 
-    /// Records `msg` in the parked table with `status` and `reason` (idempotent per offset).
+    /// Records `msg` in the parked table with `status` and `reason`. A message already there
+    /// (redelivered) keeps its row: the status of that row is returned instead.
     pub(crate) async fn park(
         &self,
         tx: &mut PgConnection,
         msg: &Incoming,
         status: &str,
         reason: &str,
-    ) -> Result<()> {
+    ) -> Result<Option<String>> {
         let meta = msg.meta.as_ref().ok();
         let headers = serde_json::to_value(&msg.headers).unwrap_or_default();
-        sqlx::query(self.park.clone())
+        let inserted: Option<i64> = sqlx::query_scalar(self.park.clone())
             .bind(&self.consumer)
             .bind(&msg.topic)
             .bind(msg.partition)
@@ -156,9 +161,31 @@ impl Store {
             .bind(meta.map(|m| i32::try_from(m.schema_version).unwrap_or(i32::MAX)))
             .bind(status)
             .bind(reason)
-            .execute(tx)
+            .fetch_optional(&mut *tx)
             .await?;
-        Ok(())
+        if inserted.is_some() {
+            return Ok(None);
+        }
+        let existing: String = sqlx::query_scalar(self.parked_status.clone())
+            .bind(&self.consumer)
+            .bind(&msg.topic)
+            .bind(msg.partition)
+            .bind(msg.offset)
+            .fetch_one(&mut *tx)
+            .await?;
+        Ok(Some(existing))
+    }
+
+    /// The outcome of parking `msg` as `status`, given what [`Store::park`] found.
+    fn parked_outcome(existing: Option<String>, status: &str, reason: &str) -> Outcome {
+        match existing.as_deref() {
+            // Resolved by an operator already: this delivery is a duplicate.
+            Some("retried" | "discarded") => Outcome::Duplicate,
+            Some("held") => Outcome::Held,
+            Some(_) => Outcome::Parked(reason.to_owned()),
+            None if status == "held" => Outcome::Held,
+            None => Outcome::Parked(reason.to_owned()),
+        }
     }
 
     /// Processes one message from the topic.
@@ -172,9 +199,9 @@ impl Store {
         self.lock(&mut tx, msg.key.as_deref()).await?;
         if let Some(parked_id) = self.hold(&mut tx, msg.key.as_deref()).await? {
             let reason = format!("held behind parked message {parked_id} of the same key");
-            self.park(&mut tx, msg, "held", &reason).await?;
+            let existing = self.park(&mut tx, msg, "held", &reason).await?;
             tx.commit().await?;
-            return Ok(Outcome::Held);
+            return Ok(Self::parked_outcome(existing, "held", &reason));
         }
         self.apply(pool, tx, handlers, msg, None).await
     }
@@ -266,6 +293,7 @@ impl Store {
             .bind(&self.consumer)
             .bind(aggregate_type)
             .bind(aggregate_id)
+            .bind(&meta.topic)
             .fetch_optional(&mut *tx)
             .await?;
         match last {
@@ -275,6 +303,7 @@ impl Store {
                     .bind(aggregate_type)
                     .bind(aggregate_id)
                     .bind(version)
+                    .bind(&meta.topic)
                     .execute(&mut *tx)
                     .await?;
                 Ok(Some(0))
@@ -285,12 +314,13 @@ impl Store {
                     .bind(aggregate_type)
                     .bind(aggregate_id)
                     .bind(meta.event_id)
+                    .bind(&meta.topic)
                     .execute(&mut *tx)
                     .await?;
                 Ok(None)
             }
             Some(last) => {
-                let gap = version - last - 1;
+                let gap = version.saturating_sub(last).saturating_sub(1);
                 if gap > 0 {
                     warn!(event_id = %meta.event_id, aggregate_id, r#type = %meta.event_type, version, last,
                           stage = "inbox", "aggregate version gap: {gap} version(s) never seen");
@@ -301,6 +331,7 @@ impl Store {
                     .bind(aggregate_id)
                     .bind(version)
                     .bind(gap)
+                    .bind(&meta.topic)
                     .execute(&mut *tx)
                     .await?;
                 Ok(Some(gap))
@@ -322,16 +353,19 @@ impl Store {
         reason: &str,
         resolves: Option<(i64, &str)>,
     ) -> Result<Outcome> {
-        match resolves {
+        let outcome = match resolves {
             // Retrying a parked message that fails again: it stays parked, with the new reason.
-            Some((id, _)) => self.repark(&mut tx, id, reason).await?,
-            None => self.park(&mut tx, msg, "parked", reason).await?,
-        }
+            Some((id, _)) => {
+                self.repark(&mut tx, id, reason).await?;
+                Outcome::Parked(reason.to_owned())
+            }
+            None => Self::parked_outcome(self.park(&mut tx, msg, "parked", reason).await?, "parked", reason),
+        };
         tx.commit().await?;
-        Ok(Outcome::Parked(reason.to_owned()))
+        Ok(outcome)
     }
 
-    async fn park_after_rollback(
+    pub(crate) async fn park_after_rollback(
         &self,
         pool: &PgPool,
         msg: &Incoming,

@@ -32,6 +32,7 @@ struct Statements {
     acquire: SqlStr,
     release: SqlStr,
     forget_relay: SqlStr,
+    count: SqlStr,
 }
 
 /// The leases of one relay.
@@ -57,7 +58,8 @@ fn sql(s: String) -> SqlStr {
 }
 
 impl Leases {
-    pub(crate) fn new(names: &Names, relay_id: Uuid, ttl: Duration, partitions: u32) -> Self {
+    /// Leases of the relay `relay_id`; the number of partitions is read from the table.
+    pub(crate) fn new(names: &Names, relay_id: Uuid, ttl: Duration) -> Self {
         let (leases, relays) = (&names.leases, &names.relays);
         let secs = "make_interval(secs => $2)";
         let sql = Statements {
@@ -89,12 +91,18 @@ impl Leases {
             forget_relay: sql(format!(
                 "DELETE FROM {relays} WHERE relay_id = $1 OR heartbeat_at < now() - make_interval(secs => $2)"
             )),
+            count: sql(format!("SELECT count(*) FROM {leases}")),
         };
-        Leases { relay_id, ttl, partitions, held: BTreeMap::new(), sql }
+        Leases { relay_id, ttl, partitions: 0, held: BTreeMap::new(), sql }
     }
 
     /// Renews held leases, then takes or gives back partitions towards a fair share.
     pub(crate) async fn maintain(&mut self, pool: &PgPool) -> Result<Maintained> {
+        if self.partitions == 0 {
+            // The table, not this relay's configuration, says how many partitions exist.
+            let count: i64 = sqlx::query_scalar(self.sql.count.clone()).fetch_one(pool).await?;
+            self.partitions = u32::try_from(count).unwrap_or(0);
+        }
         let mut changes = Maintained::default();
         let ttl = self.ttl.as_secs_f64();
         let started = Instant::now();

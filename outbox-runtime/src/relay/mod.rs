@@ -247,7 +247,7 @@ impl Relay {
         config.validate()?;
         let producer = publish::producer(&config.brokers, config.message_timeout, &config.producer)?;
         let names = outbox.names();
-        let leases = Leases::new(names, Uuid::new_v4(), config.lease_ttl, outbox.config().work_partitions);
+        let leases = Leases::new(names, Uuid::new_v4(), config.lease_ttl);
         let sql = Statements::new(names);
         Ok(Relay { pool, outbox, config, producer, leases, sql, stats: Arc::default() })
     }

@@ -41,12 +41,12 @@ async fn a_relay_whose_lease_expired_cannot_mark_rows_taken_over(pool: PgPool) {
     // A's marks are refused (fenced); B's go through; A learns it lost the lease.
     let outbox = one_partition_outbox(&pool).await;
     let sql = Statements::new(outbox.names());
-    let mut a = Leases::new(outbox.names(), Uuid::new_v4(), TTL, 1);
+    let mut a = Leases::new(outbox.names(), Uuid::new_v4(), TTL);
     assert_eq!(a.maintain(&pool).await.expect("maintain").acquired, [0]);
     let rows = sql.claim(&pool, &a.partitions(Duration::ZERO), 10).await.expect("claim");
     assert_eq!(rows.len(), 2);
 
-    let mut b = Leases::new(outbox.names(), Uuid::new_v4(), TTL, 1);
+    let mut b = Leases::new(outbox.names(), Uuid::new_v4(), TTL);
     assert!(
         b.maintain(&pool).await.expect("maintain").acquired.is_empty(),
         "no takeover while A's lease runs"
@@ -82,9 +82,9 @@ async fn a_relay_whose_lease_expired_cannot_mark_rows_taken_over(pool: PgPool) {
 async fn fair_share_splits_partitions_between_live_relays(pool: PgPool) {
     let outbox = Outbox::new(OutboxConfig::default().work_partitions(8)).expect("config");
     outbox.migrator().run(&pool).await.expect("migrate");
-    let mut a = Leases::new(outbox.names(), Uuid::new_v4(), TTL, 8);
+    let mut a = Leases::new(outbox.names(), Uuid::new_v4(), TTL);
     assert_eq!(a.maintain(&pool).await.expect("maintain").acquired.len(), 8, "alone, A takes all");
-    let mut b = Leases::new(outbox.names(), Uuid::new_v4(), TTL, 8);
+    let mut b = Leases::new(outbox.names(), Uuid::new_v4(), TTL);
     assert!(b.maintain(&pool).await.expect("maintain").acquired.is_empty(), "nothing free yet");
     assert_eq!(a.maintain(&pool).await.expect("maintain").released.len(), 4, "A sees B and gives back half");
     assert_eq!(b.maintain(&pool).await.expect("maintain").acquired.len(), 4);
