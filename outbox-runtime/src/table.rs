@@ -1,6 +1,13 @@
 //! Where the outbox lives: validated schema and table names, and the names derived from them.
 
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
 use crate::error::{Error, Result};
+
+/// A statement built from validated identifiers only (values are always bound).
+pub(crate) fn sql(statement: String) -> SqlStr {
+    AssertSqlSafe(statement).into_sql_str()
+}
 
 /// Accepts `[a-z_][a-z0-9_]*`, at most 48 bytes, so that derived names (`<table>_leases`,
 /// index names) stay within PostgreSQL's 63-byte limit. Names are also always quoted.

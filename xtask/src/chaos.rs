@@ -23,7 +23,6 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{AssertSqlSafe, PgPool};
 use uuid::Uuid;
 
 #[derive(Args)]
@@ -134,15 +133,6 @@ impl Role {
     }
 }
 
-async fn fresh_database(admin: &PgPool, base_url: &str, name: &str) -> Result<String, Failure> {
-    sqlx::query(AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
-        .execute(admin)
-        .await?;
-    sqlx::query(AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(admin).await?;
-    let server = base_url.rsplit_once('/').map_or(base_url, |(server, _)| server);
-    Ok(format!("{server}/{name}"))
-}
-
 /// Records of `event_type` in `topic`: (all, distinct event ids).
 fn topic_counts(bootstrap: &str, topic: &str, event_type: &str) -> Result<(u64, u64), Failure> {
     let consumer: BaseConsumer = ClientConfig::new()
@@ -208,8 +198,8 @@ async fn chaos(args: ChaosArgs) -> Result<bool, Failure> {
     let base = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| outbox_examples::relay_process::DEFAULT_DATABASE_URL.to_owned());
     let admin = PgPoolOptions::new().max_connections(1).connect(&base).await?;
-    let orders_url = fresh_database(&admin, &base, "outbox_chaos_orders").await?;
-    let projection_url = fresh_database(&admin, &base, "outbox_chaos_projection").await?;
+    let orders_url = crate::fresh_database(&admin, &base, "outbox_chaos_orders").await?;
+    let projection_url = crate::fresh_database(&admin, &base, "outbox_chaos_projection").await?;
     let orders_db = PgPoolOptions::new().max_connections(4).connect(&orders_url).await?;
     let projection_db = PgPoolOptions::new().max_connections(4).connect(&projection_url).await?;
 

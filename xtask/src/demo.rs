@@ -18,7 +18,6 @@ use outbox_runtime::relay::{Relay, RelayConfig};
 use outbox_runtime::Outbox;
 use rdkafka::mocking::MockCluster;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{AssertSqlSafe, PgPool};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -68,16 +67,6 @@ async fn create_topic(brokers: &str, topic: &str, partitions: i32) -> Result<(),
     Ok(())
 }
 
-/// Recreates database `name` on the server of `base_url`; returns its URL.
-async fn fresh_database(admin: &PgPool, base_url: &str, name: &str) -> Result<String, Failure> {
-    sqlx::query(AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
-        .execute(admin)
-        .await?;
-    sqlx::query(AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(admin).await?;
-    let server = base_url.rsplit_once('/').map_or(base_url, |(server, _)| server);
-    Ok(format!("{server}/{name}"))
-}
-
 async fn demo(count: usize) -> Result<bool, Failure> {
     let base = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| outbox_examples::relay_process::DEFAULT_DATABASE_URL.to_owned());
@@ -86,8 +75,8 @@ async fn demo(count: usize) -> Result<bool, Failure> {
         .connect(&base)
         .await
         .map_err(|e| format!("PostgreSQL at {base}: {e}"))?;
-    let orders_url = fresh_database(&admin, &base, "outbox_demo_orders").await?;
-    let projection_url = fresh_database(&admin, &base, "outbox_demo_projection").await?;
+    let orders_url = crate::fresh_database(&admin, &base, "outbox_demo_orders").await?;
+    let projection_url = crate::fresh_database(&admin, &base, "outbox_demo_projection").await?;
     let orders_db = PgPoolOptions::new().max_connections(8).connect(&orders_url).await?;
     let projection_db = PgPoolOptions::new().max_connections(8).connect(&projection_url).await?;
 

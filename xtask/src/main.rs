@@ -37,6 +37,21 @@ enum Command {
     Typegen(typegen::TypegenArgs),
 }
 
+/// Recreates database `name` on the server of `base_url` (dropping it first); returns its URL.
+pub(crate) async fn fresh_database(
+    admin: &sqlx::PgPool,
+    base_url: &str,
+    name: &str,
+) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+    use sqlx::AssertSqlSafe;
+    sqlx::query(AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
+        .execute(admin)
+        .await?;
+    sqlx::query(AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(admin).await?;
+    let server = base_url.rsplit_once('/').map_or(base_url, |(server, _)| server);
+    Ok(format!("{server}/{name}"))
+}
+
 /// The workspace root (where `schemas/` lives).
 pub(crate) fn project_root() -> PathBuf {
     let xtask_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));

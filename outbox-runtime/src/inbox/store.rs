@@ -1,13 +1,13 @@
 //! The inbox's tables and what one message does to them, in one transaction: dedup insert,
 //! aggregate version tracking, the handler's effect; or parking with its reason.
 
-use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, SqlSafeStr, SqlStr, Transaction};
+use sqlx::{PgConnection, PgPool, Postgres, SqlStr, Transaction};
 use tracing::warn;
 
 use super::handler::{Dispatch, HandlerError, Handlers, Meta, Resolved};
 use super::message::Incoming;
 use crate::error::Result;
-use crate::table::validate_identifier;
+use crate::table::{sql, validate_identifier};
 
 /// Quoted names of the inbox's tables.
 #[derive(Debug, Clone)]
@@ -67,10 +67,6 @@ pub(crate) struct Store {
     mark_stale: SqlStr,
     resolve: SqlStr,
     repark: SqlStr,
-}
-
-fn sql(s: String) -> SqlStr {
-    AssertSqlSafe(s).into_sql_str()
 }
 
 impl Store {

@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use sqlx::postgres::PgRow;
-use sqlx::{AssertSqlSafe, FromRow, PgPool, Row as _, SqlSafeStr, SqlStr};
+use sqlx::{FromRow, PgPool, Row as _, SqlStr};
 use uuid::Uuid;
 
 use crate::error::Result;
-use crate::table::Names;
+use crate::table::{sql, Names};
 
 /// One outbox row as the relay publishes it.
 #[derive(Debug, Clone)]
@@ -62,10 +62,6 @@ pub(crate) struct Statements {
     published: SqlStr,
     retry: SqlStr,
     failed: SqlStr,
-}
-
-fn sql(s: String) -> SqlStr {
-    AssertSqlSafe(s).into_sql_str()
 }
 
 /// Rows are marked only while this relay holds the row's partition with the same token.

@@ -9,11 +9,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use sqlx::{AssertSqlSafe, PgPool, SqlSafeStr, SqlStr};
+use sqlx::{PgPool, SqlStr};
 use uuid::Uuid;
 
 use crate::error::Result;
-use crate::table::Names;
+use crate::table::{sql, Names};
 
 /// One held lease.
 #[derive(Debug, Clone, Copy)]
@@ -51,10 +51,6 @@ pub(crate) struct Maintained {
     pub(crate) acquired: Vec<i32>,
     pub(crate) released: Vec<i32>,
     pub(crate) lost: Vec<i32>,
-}
-
-fn sql(s: String) -> SqlStr {
-    AssertSqlSafe(s).into_sql_str()
 }
 
 impl Leases {
