@@ -52,10 +52,13 @@ extern crate self as outbox_runtime;
 
 mod append;
 mod cleanup;
+#[cfg(feature = "cli")]
+pub mod cli;
 mod error;
 mod event;
 pub mod inbox;
 mod migrate;
+pub mod ops;
 mod outbox;
 pub mod registry;
 pub mod relay;
