@@ -57,6 +57,7 @@ pub mod cli;
 mod error;
 mod event;
 pub mod inbox;
+pub mod metrics;
 mod migrate;
 pub mod ops;
 mod outbox;

@@ -227,7 +227,23 @@ impl InboxStats {
         self.retries.load(Ordering::Relaxed)
     }
 
-    fn record(&self, outcome: &Outcome) {
+    fn record(&self, consumer: &str, outcome: &Outcome) {
+        let name = match outcome {
+            Outcome::Applied { .. } => "applied",
+            Outcome::Duplicate => "duplicate",
+            Outcome::Stale => "stale",
+            Outcome::Parked(_) => "parked",
+            Outcome::Held => "held",
+            Outcome::Ignored => "ignored",
+            Outcome::RetryLater(_) => "retry",
+        };
+        metrics::counter!(crate::metrics::INBOX_MESSAGES, "consumer" => consumer.to_owned(), "outcome" => name).increment(1);
+        if let Outcome::Applied { gap } = outcome {
+            if *gap > 0 {
+                metrics::counter!(crate::metrics::INBOX_GAPS, "consumer" => consumer.to_owned())
+                    .increment(gap.unsigned_abs());
+            }
+        }
         let counter = match outcome {
             Outcome::Applied { gap } => {
                 self.gaps.fetch_add(gap.unsigned_abs(), Ordering::Relaxed);
@@ -509,6 +525,7 @@ CREATE TABLE {aggregates} (
                 let span = info_span!("inbox_message", consumer = %consumer, topic = %incoming.topic,
                                       partition = incoming.partition, offset = incoming.offset, event_id = %event_id);
                 let mut attempt: u32 = 0;
+                let started = std::time::Instant::now();
                 let finished = async {
                     loop {
                         attempt += 1;
@@ -531,12 +548,14 @@ CREATE TABLE {aggregates} (
                                 if let Outcome::Parked(reason) = &outcome {
                                     warn!(attempt, stage = "inbox", %reason, "message parked");
                                 }
-                                stats.record(&outcome);
+                                stats.record(&consumer, &outcome);
+                                metrics::histogram!(crate::metrics::INBOX_APPLY_SECONDS, "consumer" => consumer.clone())
+                                    .record(started.elapsed().as_secs_f64());
                                 return true;
                             }
                             Err(error) => error.to_string(),
                         };
-                        stats.record(&Outcome::RetryLater(String::new()));
+                        stats.record(&consumer, &Outcome::RetryLater(String::new()));
                         let delay = backoff_delay(base, max, attempt);
                         warn!(attempt, stage = "inbox", %reason, retry_in = ?delay, "transient failure; retrying");
                         tokio::select! {

@@ -104,7 +104,8 @@ impl Statements {
                 "UPDATE {outbox} o SET status = 'published', published_at = now(), attempts = o.attempts + 1, \
                         last_error = NULL, kafka_partition = d.kp, kafka_offset = d.ko \
                  FROM unnest($1::bigint[], $2::int[], $3::bigint[]) AS d(id, kp, ko) \
-                 WHERE o.id = d.id AND o.status = 'pending' AND {}",
+                 WHERE o.id = d.id AND o.status = 'pending' AND {} \
+                 RETURNING EXTRACT(EPOCH FROM o.published_at - o.created_at)::float8",
                 fence(names, 4)
             )),
             retry: sql(format!(
@@ -173,12 +174,19 @@ impl Statements {
             let ids: Vec<i64> = marks.published.iter().map(|(id, _)| *id).collect();
             let parts: Vec<i32> = marks.published.iter().map(|(_, p)| p.partition).collect();
             let offsets: Vec<i64> = marks.published.iter().map(|(_, p)| p.offset).collect();
-            marked.published = sqlx::query(self.published.clone())
+            let latencies: Vec<f64> = sqlx::query_scalar(self.published.clone())
                 .bind(ids)
                 .bind(parts)
                 .bind(offsets)
-                .fenced(fence, pool)
+                .bind(fence.relay_id)
+                .bind(&fence.partitions)
+                .bind(&fence.tokens)
+                .fetch_all(pool)
                 .await?;
+            for seconds in &latencies {
+                metrics::histogram!(crate::metrics::CREATED_TO_PUBLISHED).record(*seconds);
+            }
+            marked.published = latencies.len() as u64;
         }
         if !marks.retry.is_empty() {
             let ids: Vec<i64> = marks.retry.iter().map(|(id, _, _)| *id).collect();

@@ -287,6 +287,9 @@ impl Relay {
         while !shutdown.is_cancelled() {
             if Instant::now() >= next_maintain {
                 next_maintain = Instant::now() + renew_every;
+                if let Err(error) = self.outbox.record_gauges(&self.pool).await {
+                    debug!(stage = "metrics", %error, "could not read the outbox status");
+                }
                 match self.leases.maintain(&self.pool).await {
                     Ok(changes) if changes != Default::default() => info!(
                         relay_id = %self.id(), held = self.leases.held_count(), acquired = ?changes.acquired,
@@ -360,6 +363,7 @@ impl Relay {
     async fn process(&mut self, rows: Vec<Row>, margin: Duration) -> BatchOutcome {
         let span = info_span!("relay_batch", relay_id = %self.id(), rows = rows.len());
         async {
+            let started = Instant::now();
             self.stats.batches.fetch_add(1, Ordering::Relaxed);
             let chains = chains(rows);
             let results = join_all(chains.iter().map(|chain| self.publish_chain(chain, margin))).await;
@@ -380,6 +384,7 @@ impl Relay {
                         marks.failed.push((row.id, format!("gave up after {attempt} attempts: {reason}")));
                     }
                     Sent::Transient(reason) => {
+                        metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "transient").increment(1);
                         outcome.transient += 1;
                         let delay = backoff::delay(self.config.backoff_base, self.config.backoff_max, attempt.unsigned_abs());
                         debug!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
@@ -387,6 +392,7 @@ impl Relay {
                         marks.retry.push((row.id, delay, reason));
                     }
                     Sent::Permanent(reason) => {
+                        metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "permanent").increment(1);
                         warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
                               attempt, stage = "publish", %reason, "event failed permanently; its aggregate is held back");
                         marks.failed.push((row.id, reason));
@@ -397,6 +403,7 @@ impl Relay {
             let fence = Fence { relay_id: self.id(), partitions, tokens };
             match self.sql.mark(&self.pool, &marks, &fence).await {
                 Ok(marked) => {
+                    metrics::counter!(crate::metrics::PUBLISHED).increment(marked.published);
                     self.stats.published.fetch_add(marked.published, Ordering::Relaxed);
                     self.stats.retried.fetch_add(marked.retry, Ordering::Relaxed);
                     self.stats.failed.fetch_add(marked.failed, Ordering::Relaxed);
@@ -404,6 +411,7 @@ impl Relay {
                     let done = marked.published + marked.retry + marked.failed;
                     if done < asked {
                         self.stats.fenced.fetch_add(asked - done, Ordering::Relaxed);
+                        metrics::counter!(crate::metrics::FENCED).increment(asked - done);
                         warn!(relay_id = %self.id(), stage = "mark", unmarked = asked - done,
                               "rows not marked: their partition's lease passed to another relay, which publishes them again");
                     }
@@ -420,6 +428,7 @@ impl Relay {
                     Err(error) => warn!(relay_id = %self.id(), %error, "cannot create a producer"),
                 }
             }
+            metrics::histogram!(crate::metrics::BATCH_SECONDS).record(started.elapsed().as_secs_f64());
             outcome
         }
         .instrument(span)
