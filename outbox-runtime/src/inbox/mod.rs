@@ -663,15 +663,7 @@ CREATE TABLE {aggregates} (
         let mut released = Released::default();
         loop {
             let mut tx = self.pool.begin().await?;
-            if let Some(key) = key.as_deref() {
-                sqlx::query(
-                    "SELECT pg_advisory_xact_lock(hashtextextended($1 || ':' || encode($2, 'hex'), 0))",
-                )
-                .bind(&self.config.consumer)
-                .bind(key)
-                .execute(&mut *tx)
-                .await?;
-            }
+            self.store.lock(&mut tx, key.as_deref()).await?;
             let row: Option<Row> = sqlx::query_as(AssertSqlSafe(next_open.as_str()))
                 .bind(&self.config.consumer)
                 .bind(id)

@@ -117,7 +117,8 @@ impl Store {
         }
     }
 
-    async fn lock(&self, tx: &mut PgConnection, key: Option<&[u8]>) -> Result<()> {
+    /// Takes the transaction-scoped lock of `key` (no-op without a key).
+    pub(crate) async fn lock(&self, tx: &mut PgConnection, key: Option<&[u8]>) -> Result<()> {
         if let Some(key) = key {
             sqlx::query(self.lock_key.clone()).bind(&self.consumer).bind(key).execute(tx).await?;
         }
