@@ -24,9 +24,21 @@ pub struct AppendOptions {
     aggregate_version: Option<i64>,
     headers: BTreeMap<String, String>,
     event_id: Option<Uuid>,
+    non_critical: bool,
 }
 
 impl AppendOptions {
+    /// Whether the event must be appended whatever the outbox's fill level. A non-critical
+    /// event (`critical(false)`: a notification, an analytics event) is refused with
+    /// [`Error::Backpressure`] once the outbox is nearly full (see
+    /// [`OutboxConfig::capacity`](crate::OutboxConfig::capacity)); the caller's transaction
+    /// can then go on without it. Default: critical.
+    #[must_use]
+    pub fn critical(mut self, critical: bool) -> Self {
+        self.non_critical = !critical;
+        self
+    }
+
     /// The aggregate's version after the change this event records (its sequence of
     /// changes, not the event's `schema_version`). Sent as the `ce_aggregateversion`
     /// header; consumers use it to detect gaps and absorb stale events. Default: none.
@@ -64,6 +76,7 @@ pub struct NewEvent {
     payload: String,
     headers: String,
     record_bytes: usize,
+    critical: bool,
 }
 
 impl NewEvent {
@@ -100,6 +113,7 @@ impl NewEvent {
             payload,
             headers,
             record_bytes,
+            critical: !options.non_critical,
         })
     }
 
@@ -180,6 +194,9 @@ impl Outbox {
         }
         if events.is_empty() {
             return Ok(());
+        }
+        if let Some(event) = events.iter().find(|e| !e.critical) {
+            self.admit_non_critical(&mut *conn, event.event_type).await?;
         }
         let column = |f: fn(&NewEvent) -> String| events.iter().map(f).collect::<Vec<_>>();
         let ids: Vec<Uuid> = events.iter().map(|e| e.event_id).collect();

@@ -67,6 +67,39 @@ impl Cleanup {
     }
 }
 
+/// Which rows a deletion takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Deletable {
+    /// Published more than the given time ago (cleanup).
+    Published,
+    /// Published, or discarded by an operator, more than the given time ago (purge).
+    PublishedOrDiscarded,
+}
+
+/// One batch: the oldest matching rows, deleted and counted into `<table>_cleaned` per
+/// event type, status and hour of creation, in one statement.
+pub(crate) fn delete_batch_sql(outbox: &str, cleaned: &str, which: Deletable) -> String {
+    let filter = match which {
+        Deletable::Published => {
+            "status = 'published' AND published_at < now() - $1 * interval '1 millisecond'"
+        }
+        Deletable::PublishedOrDiscarded => {
+            "((status = 'published' AND published_at < now() - $1 * interval '1 millisecond') \
+              OR (status = 'discarded' AND created_at < now() - $1 * interval '1 millisecond'))"
+        }
+    };
+    format!(
+        "WITH deleted AS ( \
+           DELETE FROM {outbox} WHERE id IN (SELECT id FROM {outbox} WHERE {filter} ORDER BY id LIMIT $2) \
+           RETURNING event_type, status, date_trunc('hour', created_at AT TIME ZONE 'UTC') AS hour), \
+         tally AS ( \
+           INSERT INTO {cleaned} AS c (event_type, status, hour, events) \
+           SELECT event_type, status, hour, count(*) FROM deleted GROUP BY 1, 2, 3 \
+           ON CONFLICT (event_type, status, hour) DO UPDATE SET events = c.events + excluded.events) \
+         SELECT count(*) FROM deleted"
+    )
+}
+
 impl Outbox {
     /// Deletes rows published more than `older_than` ago, `batch_size` per transaction,
     /// until none is left or `stop` is cancelled. Returns how many were deleted.
@@ -89,26 +122,32 @@ impl Outbox {
     }
 
     /// Deletes at most `batch_size` rows published more than `older_than` ago, oldest
-    /// first, in one short statement. Returns how many were deleted.
+    /// first, in one short statement. Returns how many were deleted. What is deleted is
+    /// counted in `<table>_cleaned`, for `reconcile` and `replay`.
     pub async fn delete_published_batch(
         &self,
         pool: &PgPool,
         older_than: Duration,
         batch_size: u32,
     ) -> Result<u64> {
-        let sql = format!(
-            "DELETE FROM {t} WHERE id IN ( \
-               SELECT id FROM {t} WHERE status = 'published' \
-                 AND published_at < now() - $1 * interval '1 millisecond' \
-               ORDER BY id LIMIT $2)",
-            t = self.names().outbox
-        );
+        self.delete_batch(pool, Deletable::Published, older_than, batch_size).await
+    }
+
+    pub(crate) async fn delete_batch(
+        &self,
+        pool: &PgPool,
+        which: Deletable,
+        older_than: Duration,
+        batch_size: u32,
+    ) -> Result<u64> {
+        let names = self.names();
+        let sql = delete_batch_sql(&names.outbox, &names.cleaned, which);
         let older_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
-        Ok(sqlx::query(AssertSqlSafe(sql))
+        let deleted: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
             .bind(older_ms)
             .bind(i64::from(batch_size))
-            .execute(pool)
-            .await?
-            .rows_affected())
+            .fetch_one(pool)
+            .await?;
+        Ok(u64::try_from(deleted).unwrap_or(0))
     }
 }

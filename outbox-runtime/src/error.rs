@@ -43,6 +43,26 @@ pub enum Error {
     /// An extra header uses a name the outbox sets itself.
     #[error("header {0:?} is reserved: the outbox sets ce_* and content-type headers itself")]
     ReservedHeader(String),
+    /// The outbox is nearly full and the event is not critical: it was not appended (nor
+    /// was anything else of the same `append_batch`). The caller's transaction is intact.
+    #[error(
+        "outbox is {percent:.0}% full ({used} of {limit} {unit}): non-critical event {event_type} refused, not appended"
+    )]
+    Backpressure {
+        /// The refused event's type.
+        event_type: &'static str,
+        /// The fill level measured, in `unit`s.
+        used: u64,
+        /// The configured capacity.
+        limit: u64,
+        /// `rows` or `bytes`.
+        unit: &'static str,
+        /// `used` as a percentage of `limit`.
+        percent: f64,
+    },
+    /// What an operator asked for does not exist (no such parked message, for instance).
+    #[error("{0}")]
+    NotFound(String),
     /// A PostgreSQL error.
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
@@ -73,7 +93,7 @@ impl Error {
                     matches!(code.as_ref(), "40001" | "40P01" | "57P01" | "57P03" | "53300" | "55P03")
                 })
             }
-            Error::Kafka(_) => true,
+            Error::Kafka(_) | Error::Backpressure { .. } => true,
             _ => false,
         }
     }

@@ -51,6 +51,7 @@
 extern crate self as outbox_runtime;
 
 mod append;
+mod capacity;
 mod cleanup;
 #[cfg(feature = "cli")]
 pub mod cli;
@@ -71,7 +72,7 @@ pub mod typegen;
 pub use append::{append, AppendOptions, NewEvent, RESERVED_HEADER_BYTES};
 pub use error::{Error, Result};
 pub use event::OutboxEvent;
-pub use outbox::{Outbox, OutboxConfig};
+pub use outbox::{Capacity, Outbox, OutboxConfig};
 #[cfg(feature = "derive")]
 pub use outbox_macros::OutboxEvent;
 

@@ -1,6 +1,6 @@
-//! Metrics through the [`metrics`] facade: install any recorder (for Prometheus,
-//! `metrics-exporter-prometheus`) and the relay and the inbox report to it. Labels stay
-//! few and bounded: never an event id or an aggregate id.
+//! Metrics through the [`metrics`] facade: install any recorder and the relay and the inbox
+//! report to it; [`install_prometheus`] (feature `prometheus`, on with `cli`) serves them for
+//! Prometheus. Labels stay few and bounded: never an event id or an aggregate id.
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
@@ -8,14 +8,26 @@
 //! | `outbox_pending` | gauge | | events waiting to be published |
 //! | `outbox_retrying` | gauge | | pending events that failed at least once |
 //! | `outbox_failed` | gauge | | events quarantined after a permanent error |
+//! | `outbox_appended_per_second`, `outbox_published_per_second` | gauge | | rates over the last 5 minutes |
+//! | `outbox_table_bytes` | gauge | | the outbox table with indexes and TOAST |
+//! | `outbox_dead_tuples` | gauge | | dead tuples in the outbox table (`pg_stat_user_tables`) |
+//! | `outbox_capacity_used_ratio` | gauge | | fill level over the configured capacity |
+//! | `outbox_capacity_seconds_to_full` | gauge | | forecast at the recent growth rate; `+Inf` when not growing |
 //! | `outbox_published_total` | counter | | events acknowledged and marked |
-//! | `outbox_publish_errors_total` | counter | `kind` = transient, permanent | failed sends |
+//! | `outbox_republished_total` | counter | | of those, sent again after an earlier attempt (retry, replay) |
+//! | `outbox_publish_errors_total` | counter | `kind` = transient, permanent, exhausted; `code` = Kafka error code | failed sends |
+//! | `outbox_publish_attempts` | histogram | | attempts an event took until published |
 //! | `outbox_fenced_total` | counter | | marks refused after a lease passed on |
-//! | `outbox_relay_batch_seconds` | histogram | | one batch: read, publish, mark |
+//! | `outbox_refused_total` | counter | `event_type` | non-critical appends refused near capacity |
+//! | `outbox_relay_batch_seconds` | histogram | | one relay batch: read, publish, mark |
 //! | `outbox_created_to_published_seconds` | histogram | | from append to the mark after the ack |
 //! | `inbox_messages_total` | counter | `consumer`, `outcome` | applied, duplicate, stale, parked, held, ignored, retry |
 //! | `inbox_version_gaps_total` | counter | `consumer` | aggregate versions never seen |
 //! | `inbox_apply_seconds` | histogram | `consumer` | one message's transaction |
+//! | `inbox_consumer_lag` | gauge | `consumer`, `topic`, `partition` | messages behind the partition's end |
+//!
+//! Gauges of the outbox's state are set by [`Outbox::record_gauges`], which relays call at
+//! every lease renewal.
 
 use sqlx::PgPool;
 
@@ -24,13 +36,17 @@ use crate::ops::Status;
 use crate::outbox::Outbox;
 
 pub(crate) const PUBLISHED: &str = "outbox_published_total";
+pub(crate) const REPUBLISHED: &str = "outbox_republished_total";
 pub(crate) const PUBLISH_ERRORS: &str = "outbox_publish_errors_total";
+pub(crate) const ATTEMPTS: &str = "outbox_publish_attempts";
 pub(crate) const FENCED: &str = "outbox_fenced_total";
+pub(crate) const REFUSED: &str = "outbox_refused_total";
 pub(crate) const BATCH_SECONDS: &str = "outbox_relay_batch_seconds";
 pub(crate) const CREATED_TO_PUBLISHED: &str = "outbox_created_to_published_seconds";
 pub(crate) const INBOX_MESSAGES: &str = "inbox_messages_total";
 pub(crate) const INBOX_GAPS: &str = "inbox_version_gaps_total";
 pub(crate) const INBOX_APPLY_SECONDS: &str = "inbox_apply_seconds";
+pub(crate) const INBOX_LAG: &str = "inbox_consumer_lag";
 
 impl Outbox {
     /// Reads the outbox's [`Status`] and sets the gauges from it. Relays call this at every
@@ -42,9 +58,37 @@ impl Outbox {
             metrics::gauge!("outbox_pending").set(status.pending as f64);
             metrics::gauge!("outbox_retrying").set(status.retrying as f64);
             metrics::gauge!("outbox_failed").set(status.failed as f64);
+            metrics::gauge!("outbox_table_bytes").set(status.table_bytes as f64);
+            metrics::gauge!("outbox_dead_tuples").set(status.dead_tuples as f64);
         }
         metrics::gauge!("outbox_oldest_unpublished_age_seconds")
             .set(status.oldest_unpublished_age_seconds.unwrap_or(0.0));
+        metrics::gauge!("outbox_appended_per_second").set(status.appended_per_second);
+        metrics::gauge!("outbox_published_per_second").set(status.published_per_second);
+        if let Some(capacity) = &status.capacity {
+            metrics::gauge!("outbox_capacity_used_ratio").set(capacity.used_ratio);
+            metrics::gauge!("outbox_capacity_seconds_to_full")
+                .set(capacity.seconds_to_full.unwrap_or(f64::INFINITY));
+        }
         Ok(status)
     }
+}
+
+/// Installs a Prometheus recorder as the global [`metrics`] recorder and serves
+/// `GET /metrics` on `addr` from a background task of the current Tokio runtime.
+/// Histograms are exported as summaries of their quantiles except the latency ones,
+/// which get buckets from 1 ms to 5 min so that they aggregate across processes.
+#[cfg(feature = "prometheus")]
+pub fn install_prometheus(addr: std::net::SocketAddr) -> Result<()> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    const SECONDS: &[f64] =
+        &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), SECONDS)
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full(ATTEMPTS.to_owned()), &[1.0, 2.0, 3.0, 5.0, 10.0, 20.0])
+        })
+        .and_then(PrometheusBuilder::install)
+        .map_err(|e| crate::Error::Config(format!("cannot serve metrics on {addr}: {e}")))
 }

@@ -83,11 +83,41 @@ CREATE TABLE {relays} (
         open = names.index("open_by_aggregate"),
         last = n - 1,
     );
-    vec![Migration::new(
-        1,
-        "outbox, work partition leases".into(),
-        MigrationType::Simple,
-        AssertSqlSafe(v1).into_sql_str(),
-        false,
-    )]
+    let v2 = format!(
+        r#"
+-- Time windows for rates, replay and reconcile. BRIN indexes are a few pages, cost appends
+-- next to nothing and do not stop HOT updates; rows are appended and published in time order.
+CREATE INDEX {created} ON {outbox} USING brin (created_at);
+CREATE INDEX {published} ON {outbox} USING brin (published_at);
+
+-- What purge and cleanup deleted, per event type, status and hour of creation (UTC), so
+-- reconcile and replay can still count what is gone.
+CREATE TABLE {cleaned} (
+    event_type text NOT NULL,
+    status     text NOT NULL,
+    hour       timestamp NOT NULL,
+    events     bigint NOT NULL,
+    PRIMARY KEY (event_type, status, hour)
+);
+"#,
+        created = names.index("created_at"),
+        published = names.index("published_at"),
+        cleaned = names.cleaned,
+    );
+    vec![
+        Migration::new(
+            1,
+            "outbox, work partition leases".into(),
+            MigrationType::Simple,
+            AssertSqlSafe(v1).into_sql_str(),
+            false,
+        ),
+        Migration::new(
+            2,
+            "time indexes, cleaned tally".into(),
+            MigrationType::Simple,
+            AssertSqlSafe(v2).into_sql_str(),
+            false,
+        ),
+    ]
 }

@@ -1,6 +1,7 @@
 //! [`Outbox`]: one outbox table's configuration and the handle that appends to it.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
@@ -13,13 +14,44 @@ use crate::table::Names;
 /// use outbox_runtime::OutboxConfig;
 /// let config = OutboxConfig::default().schema("billing").max_record_bytes(256 * 1024);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct OutboxConfig {
     pub(crate) schema: String,
     pub(crate) table: String,
     pub(crate) work_partitions: u32,
     pub(crate) max_record_bytes: usize,
     pub(crate) notify: bool,
+    pub(crate) capacity: Option<Capacity>,
+    pub(crate) refuse_non_critical_at: f64,
+    pub(crate) capacity_check_interval: Duration,
+}
+
+/// How much the outbox may hold before it is full: the figure `status` and the
+/// `outbox_capacity_seconds_to_full` metric forecast against, and that non-critical appends
+/// are refused near (see [`OutboxConfig::capacity`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capacity {
+    /// Unpublished events (pending and failed): the backlog the relays have not cleared.
+    Rows(u64),
+    /// The outbox table's size on disk, with its indexes and TOAST (`pg_total_relation_size`).
+    Bytes(u64),
+}
+
+impl Capacity {
+    /// `rows` or `bytes`.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Capacity::Rows(_) => "rows",
+            Capacity::Bytes(_) => "bytes",
+        }
+    }
+
+    /// The limit, in [`Capacity::unit`]s.
+    pub fn limit(self) -> u64 {
+        match self {
+            Capacity::Rows(n) | Capacity::Bytes(n) => n,
+        }
+    }
 }
 
 impl Default for OutboxConfig {
@@ -30,6 +62,9 @@ impl Default for OutboxConfig {
             work_partitions: 32,
             max_record_bytes: 1_000_000,
             notify: true,
+            capacity: None,
+            refuse_non_critical_at: 0.8,
+            capacity_check_interval: Duration::from_secs(1),
         }
     }
 }
@@ -75,6 +110,33 @@ impl OutboxConfig {
         self.notify = notify;
         self
     }
+
+    /// The outbox's capacity. With one, `status` and the metrics forecast the time until
+    /// it is full, and appends of non-critical events
+    /// ([`AppendOptions::critical`](crate::AppendOptions::critical)) are refused with
+    /// [`Error::Backpressure`] once it is [`refuse_non_critical_at`](Self::refuse_non_critical_at)
+    /// full. Critical events are never refused. Default: none.
+    #[must_use]
+    pub fn capacity(mut self, capacity: Capacity) -> Self {
+        self.capacity = Some(capacity);
+        self
+    }
+
+    /// The share of the capacity (0 to 1) from which non-critical appends are refused.
+    /// Default: 0.8.
+    #[must_use]
+    pub fn refuse_non_critical_at(mut self, share: f64) -> Self {
+        self.refuse_non_critical_at = share;
+        self
+    }
+
+    /// How long a measured fill level is reused by non-critical appends before it is
+    /// measured again (one query, on the appending connection). Default: 1 s.
+    #[must_use]
+    pub fn capacity_check_interval(mut self, interval: Duration) -> Self {
+        self.capacity_check_interval = interval;
+        self
+    }
 }
 
 /// A handle on one outbox table: append events, build its migrator. Cheap to clone.
@@ -88,6 +150,8 @@ pub(crate) struct Inner {
     pub(crate) config: OutboxConfig,
     pub(crate) names: Names,
     pub(crate) insert_sql: SqlStr,
+    /// The last measured fill level, for non-critical appends.
+    pub(crate) fill: Mutex<Option<(Instant, u64)>>,
 }
 
 impl Outbox {
@@ -106,8 +170,17 @@ impl Outbox {
                 config.max_record_bytes
             )));
         }
+        if !(config.refuse_non_critical_at > 0.0 && config.refuse_non_critical_at <= 1.0) {
+            return Err(Error::Config(format!(
+                "refuse_non_critical_at must be a share above 0 and at most 1, not {}",
+                config.refuse_non_critical_at
+            )));
+        }
+        if config.capacity.is_some_and(|c| c.limit() == 0) {
+            return Err(Error::Config("capacity must be above 0".to_owned()));
+        }
         let insert_sql = AssertSqlSafe(crate::append::insert_sql(&names, config.notify)).into_sql_str();
-        Ok(Outbox { inner: Arc::new(Inner { config, names, insert_sql }) })
+        Ok(Outbox { inner: Arc::new(Inner { config, names, insert_sql, fill: Mutex::new(None) }) })
     }
 
     /// The outbox with [`OutboxConfig::default`]: table `public.outbox`.

@@ -34,6 +34,8 @@ pub(crate) struct Names {
     pub(crate) leases: String,
     /// `"schema"."table_relays"`
     pub(crate) relays: String,
+    /// `"schema"."table_cleaned"`: what cleanup and purge deleted, counted.
+    pub(crate) cleaned: String,
     /// The NOTIFY channel: `schema.table`.
     pub(crate) channel: String,
 }
@@ -48,6 +50,7 @@ impl Names {
             outbox: format!("\"{schema}\".\"{table}\""),
             leases: format!("\"{schema}\".\"{table}_leases\""),
             relays: format!("\"{schema}\".\"{table}_relays\""),
+            cleaned: format!("\"{schema}\".\"{table}_cleaned\""),
             channel: format!("{schema}.{table}"),
         })
     }

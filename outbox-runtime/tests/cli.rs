@@ -79,11 +79,214 @@ async fn status_json_reports_counts_and_the_oldest_unpublished_age(pool: PgPool)
     );
     assert_eq!(status["discarded"], 0);
     assert!(status["oldest_unpublished_age_seconds"].as_f64().expect("age") >= 10.0, "{status}");
+    // All four were appended 10 s ago and one was published just now: over the default
+    // 5-minute window, 4 and 1 per 300 s.
+    let per_window = |key: &str| (status[key].as_f64().expect(key) * 300.0).round();
+    assert_eq!((per_window("appended_per_second"), per_window("published_per_second")), (4.0, 1.0));
+    assert_eq!(status["window_seconds"], 300.0);
+    assert!(status["table_bytes"].as_i64().expect("bytes") > 8192, "{status}");
+    assert!(status["dead_tuples"].as_i64().is_some(), "{status}");
+    assert!(status["capacity"].is_null(), "no capacity configured");
     let table = stdout(&outbox_cli(&pool, &["status"]));
     assert!(
-        table.contains("failed                       1") && table.contains("oldest unpublished"),
+        table.contains("failed                         1") && table.contains("oldest unpublished"),
         "{table}"
     );
+}
+
+#[sqlx::test(migrations = false)]
+async fn status_forecasts_the_time_to_full_from_the_net_growth(pool: PgPool) {
+    seed(&pool).await;
+    // 3 unpublished of 10; net growth (4 appended - 1 published) / 300 s = 0.01/s, so the
+    // 7 rows left fill in 700 s.
+    let out = outbox_cli(&pool, &["--capacity-rows", "10", "status", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let status: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
+    let capacity = &status["capacity"];
+    assert_eq!(
+        (capacity["unit"].as_str(), capacity["used"].as_u64(), capacity["limit"].as_u64()),
+        (Some("rows"), Some(3), Some(10))
+    );
+    assert!((capacity["growth_per_second"].as_f64().expect("growth") - 0.01).abs() < 1e-9, "{capacity}");
+    assert!((capacity["seconds_to_full"].as_f64().expect("forecast") - 700.0).abs() < 1e-6, "{capacity}");
+    let table = stdout(&outbox_cli(&pool, &["--capacity-rows", "10", "status"]));
+    assert!(table.lines().any(|l| l.starts_with("full in") && l.contains(" 700 s")), "{table}");
+
+    // Already over capacity: full now, whatever the growth.
+    let out = outbox_cli(&pool, &["--capacity-rows", "2", "status", "--json"]);
+    let status: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
+    assert_eq!(status["capacity"]["seconds_to_full"], 0.0);
+    // Everything appended is published: not growing, never full.
+    sqlx::query("UPDATE outbox SET status = 'published', published_at = now() WHERE status <> 'published'")
+        .execute(&pool)
+        .await
+        .expect("publish");
+    let out = outbox_cli(&pool, &["--capacity-rows", "10", "status", "--json"]);
+    let status: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
+    assert!(status["capacity"]["seconds_to_full"].is_null(), "{status}");
+}
+
+/// Every column of every outbox row, to show a command changed nothing.
+async fn snapshot(pool: &PgPool) -> Vec<String> {
+    sqlx::query_scalar("SELECT row_to_json(o)::text FROM outbox o ORDER BY id")
+        .fetch_all(pool)
+        .await
+        .expect("rows")
+}
+
+#[sqlx::test(migrations = false)]
+async fn replay_dry_run_changes_nothing_and_replay_republishes_with_the_same_ids(pool: PgPool) {
+    let ids = seed(&pool).await;
+    // Publish b (id 3) too, an hour earlier, so two published rows match by time differently.
+    sqlx::query("UPDATE outbox SET status = 'published', published_at = now(), created_at = now() - interval '2 hours' WHERE id = 3")
+        .execute(&pool)
+        .await
+        .expect("publish b");
+    let before = snapshot(&pool).await;
+    let dry = outbox_cli(&pool, &["replay", "--event-type", "test.cli", "--dry-run", "--json"]);
+    assert_eq!(dry.status.code(), Some(0), "{dry:?}");
+    let report: serde_json::Value = serde_json::from_str(&stdout(&dry)).expect("json");
+    assert_eq!(
+        (report["matched"].as_u64(), report["replayable"].as_u64(), report["replayed"].as_u64()),
+        (Some(4), Some(2), Some(0))
+    );
+    assert_eq!((report["not_yet_published"].as_u64(), report["discarded"].as_u64()), (Some(2), Some(0)));
+    assert_eq!(snapshot(&pool).await, before, "a dry run changes nothing");
+
+    // Only the last hour: c, not b.
+    let since = outbox_cli(&pool, &["replay", "--since", "now", "--dry-run", "--json"]);
+    let report: serde_json::Value = serde_json::from_str(&stdout(&since)).expect("json");
+    assert_eq!(report["matched"], 0, "nothing created after now");
+    assert_eq!(since.status.code(), Some(1), "nothing matched");
+
+    let out = outbox_cli(&pool, &["replay", "--aggregate", "c", "--since=-infinity"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(stdout(&out).contains("1 put back up for publication"), "{}", stdout(&out));
+    let c: (uuid::Uuid, String) =
+        sqlx::query_as("SELECT event_id, status FROM outbox WHERE id = 4").fetch_one(&pool).await.expect("c");
+    assert_eq!(c, (ids[3], "pending".to_owned()), "same event id, up for publication again");
+    let b: String =
+        sqlx::query_scalar("SELECT status FROM outbox WHERE id = 3").fetch_one(&pool).await.expect("b");
+    assert_eq!(b, "published", "other aggregates untouched");
+
+    let bad = outbox_cli(&pool, &["replay", "--since", "yesterday-ish"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid --since \"yesterday-ish\""), "{bad:?}");
+    assert_eq!(outbox_cli(&pool, &["replay"]).status.code(), Some(2), "a replay needs a filter");
+}
+
+#[sqlx::test(migrations = false)]
+async fn purge_removes_only_old_published_and_discarded_events_and_replay_counts_them(pool: PgPool) {
+    seed(&pool).await;
+    let mut tx = pool.begin().await.expect("begin");
+    let more: Vec<NewEvent> = (0..5)
+        .map(|i| {
+            NewEvent::new(
+                &Ping { id: format!("p{i}"), secret: "PAYLOAD-MARKER".into() },
+                AppendOptions::default(),
+            )
+            .expect("event")
+        })
+        .collect();
+    Outbox::default_ref().append_batch(&mut tx, &more).await.expect("append");
+    tx.commit().await.expect("commit");
+    // ids 5..9: 5, 6 published 8 days ago (purged); 7 published 6 days ago (kept);
+    // 8 discarded, created 8 days ago (purged); 9 pending, created 8 days ago (kept).
+    // Also 1 (failed) and 2, 3 (pending) become 8 days old: kept, never purged.
+    sqlx::query(
+        "UPDATE outbox SET created_at = now() - interval '8 days', \
+           status = CASE WHEN id IN (5, 6, 7) THEN 'published' WHEN id = 8 THEN 'discarded' ELSE status END, \
+           published_at = CASE WHEN id IN (5, 6) THEN now() - interval '8 days' WHEN id = 7 THEN now() - interval '6 days' ELSE published_at END \
+         WHERE id <> 4",
+    )
+    .execute(&pool)
+    .await
+    .expect("ages");
+    let out = outbox_cli(&pool, &["purge", "--older-than", "7d", "--batch-size", "2"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(stdout(&out).starts_with("3 published or discarded event(s)"), "{}", stdout(&out));
+    let progress = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        progress.contains("purge: 2 deleted") && progress.contains("purge: 3 deleted"),
+        "batches of 2: {progress}"
+    );
+    let left: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM outbox ORDER BY id").fetch_all(&pool).await.expect("left");
+    assert_eq!(left, [1, 2, 3, 4, 7, 9]);
+    let tally: Vec<(String, i64)> =
+        sqlx::query_as("SELECT status, events FROM outbox_cleaned ORDER BY status")
+            .fetch_all(&pool)
+            .await
+            .expect("tally");
+    assert_eq!(tally, [("discarded".to_owned(), 1), ("published".to_owned(), 2)], "what is gone is counted");
+
+    let out =
+        outbox_cli(&pool, &["replay", "--event-type", "test.cli", "--until", "now", "--dry-run", "--json"]);
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
+    assert_eq!((report["cleaned_up"].as_u64(), report["cleaned_up_exact"].as_bool()), (Some(2), Some(false)));
+    assert_eq!(report["replayable"], 2, "4 and 7 are still there");
+}
+
+#[sqlx::test(migrations = false)]
+async fn reconcile_exits_1_and_names_a_published_event_missing_from_the_inbox(pool: PgPool) {
+    let ids = seed(&pool).await;
+    sqlx::query("UPDATE outbox SET status = 'published', published_at = now()")
+        .execute(&pool)
+        .await
+        .expect("publish");
+    // The consumer's inbox, in this same database: every event applied, then one row removed.
+    sqlx::query("CREATE TABLE inbox (consumer text NOT NULL, event_id uuid NOT NULL, PRIMARY KEY (consumer, event_id))")
+        .execute(&pool)
+        .await
+        .expect("inbox");
+    for id in &ids {
+        sqlx::query("INSERT INTO inbox VALUES ('billing', $1)")
+            .bind(id)
+            .execute(&pool)
+            .await
+            .expect("applied");
+    }
+    let url = database_url(&pool);
+    let args = [
+        "reconcile",
+        "--since=-infinity",
+        "--until",
+        "infinity",
+        "--consumer",
+        "billing",
+        "--inbox-database-url",
+        &url,
+    ];
+    let clean = outbox_cli(&pool, &args);
+    assert_eq!(clean.status.code(), Some(0), "{}{}", stdout(&clean), String::from_utf8_lossy(&clean.stderr));
+    assert!(stdout(&clean).contains("no differences"), "{}", stdout(&clean));
+
+    sqlx::query("DELETE FROM inbox WHERE event_id = $1").bind(ids[2]).execute(&pool).await.expect("remove");
+    let out = outbox_cli(&pool, &args);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    assert!(stdout(&out).contains(&format!("not applied: {}", ids[2])), "{}", stdout(&out));
+    let mut json_args = args.to_vec();
+    json_args.push("--json");
+    let report: serde_json::Value =
+        serde_json::from_str(&stdout(&outbox_cli(&pool, &json_args))).expect("json");
+    let row = &report["rows"][0];
+    assert_eq!(
+        (
+            row["appended"].as_i64(),
+            row["published"].as_i64(),
+            row["applied"].as_i64(),
+            row["not_applied"].as_i64()
+        ),
+        (Some(4), Some(4), Some(3), Some(1))
+    );
+    assert_eq!(report["differences"], 1);
+
+    // Without a consumer: appended against published only; an unpublished event differs.
+    sqlx::query("UPDATE outbox SET status = 'pending' WHERE id = 1").execute(&pool).await.expect("unpublish");
+    let out = outbox_cli(&pool, &["reconcile", "--since=-infinity", "--until", "infinity"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let bad = outbox_cli(&pool, &["reconcile", "--since", "now", "--until=-infinity"]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
 }
 
 #[sqlx::test(migrations = false)]
@@ -130,6 +333,74 @@ async fn failed_list_retry_and_discard_change_what_they_say(pool: PgPool) {
         outbox_cli(&pool, &["discard", &ids[0].to_string(), "--reason", "x", "--yes"]).status.code(),
         Some(1)
     );
+}
+
+#[sqlx::test(migrations = false)]
+async fn inbox_commands_list_request_retries_and_discard_parked_messages(pool: PgPool) {
+    let inbox = outbox_runtime::inbox::Inbox::new(
+        pool.clone(),
+        outbox_runtime::inbox::InboxConfig::new("billing", "127.0.0.1:1", ["orders"]),
+        outbox_runtime::inbox::Handlers::new(),
+    )
+    .expect("inbox");
+    inbox.migrator().run(&pool).await.expect("migrate");
+    // One parked message of key k with one held behind it, and one parked of key j.
+    for (offset, key, status) in [(0_i64, "k", "parked"), (1, "k", "held"), (2, "j", "parked")] {
+        sqlx::query(
+            "INSERT INTO inbox_parked (consumer, topic, kafka_partition, kafka_offset, record_key, headers, payload, \
+                                       event_id, event_type, schema_version, status, reason) \
+             VALUES ('billing', 'orders', 0, $1, $2, '{}', 'PAYLOAD-MARKER', $3, 'order.confirmed', 1, $4, 'handler failed: boom')",
+        )
+        .bind(offset)
+        .bind(key.as_bytes())
+        .bind(uuid::Uuid::now_v7())
+        .bind(status)
+        .execute(&pool)
+        .await
+        .expect("park");
+    }
+    let inbox_cli = |args: &[&str]| {
+        let mut all = vec!["inbox", "--consumer", "billing"];
+        all.extend_from_slice(args);
+        outbox_cli(&pool, &all)
+    };
+    let listed = inbox_cli(&["parked", "--json"]);
+    assert_eq!(listed.status.code(), Some(0), "{listed:?}");
+    assert!(!stdout(&listed).contains("PAYLOAD-MARKER"), "operators never see payloads");
+    let parked: serde_json::Value = serde_json::from_str(&stdout(&listed)).expect("json");
+    assert_eq!(parked.as_array().map(Vec::len), Some(3));
+    assert_eq!(parked[1]["status"], "held");
+
+    assert_eq!(inbox_cli(&["retry", "2"]).status.code(), Some(2), "held behind 1: release 1 first");
+    assert_eq!(inbox_cli(&["retry", "99"]).status.code(), Some(1), "no such message");
+    let retried = inbox_cli(&["retry", "3"]);
+    assert_eq!(retried.status.code(), Some(0), "{retried:?}");
+    let requested: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM inbox_parked WHERE retry_requested_at IS NOT NULL")
+            .fetch_all(&pool)
+            .await
+            .expect("q");
+    assert_eq!(requested, [3], "the request waits for the running consumer");
+
+    assert_eq!(inbox_cli(&["discard", "1", "--reason", "refunded"]).status.code(), Some(2), "needs --yes");
+    let discarded = inbox_cli(&["discard", "1", "--reason", "refunded", "--yes"]);
+    assert_eq!(discarded.status.code(), Some(0), "{discarded:?}");
+    assert!(stdout(&discarded).contains("1 held behind it"), "{}", stdout(&discarded));
+    let rows: Vec<(i64, String, bool)> =
+        sqlx::query_as("SELECT id, status, retry_requested_at IS NOT NULL FROM inbox_parked ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .expect("rows");
+    assert_eq!(
+        rows,
+        [(1, "discarded".to_owned(), false), (2, "held".to_owned(), true), (3, "parked".to_owned(), true)],
+        "the held message goes to the consumer next"
+    );
+    let absorbed: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox WHERE outcome = 'discarded'")
+        .fetch_one(&pool)
+        .await
+        .expect("n");
+    assert_eq!(absorbed, 1, "a redelivery of the discarded event is absorbed");
 }
 
 #[test]

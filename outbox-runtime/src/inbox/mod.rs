@@ -31,6 +31,7 @@
 //! # Ok(()) }
 //! ```
 
+mod admin;
 mod handler;
 mod message;
 mod retention;
@@ -44,8 +45,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::statistics::Statistics;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{AssertSqlSafe, PgPool, SqlSafeStr};
@@ -54,10 +57,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, info_span, warn, Instrument};
 
+pub use self::admin::{Discarded, InboxAdmin};
 pub use self::handler::{BoxFuture, EventHandler, HandlerError, Handlers, Meta, RawHandler};
 use self::message::Incoming;
 pub use self::retention::{judge as judge_retention, RetentionVerdict};
-use self::store::{InboxNames, Outcome, Store};
+pub(crate) use self::store::InboxNames;
+use self::store::{Outcome, Store};
 use crate::error::{Error, Result};
 use crate::relay::backoff_delay;
 
@@ -76,6 +81,7 @@ pub struct InboxConfig {
     backoff_max: Duration,
     queue_per_partition: usize,
     commit_interval: Duration,
+    operator_poll_interval: Duration,
     cleanup_interval: Duration,
     cleanup_batch: u32,
     kafka: BTreeMap<String, String>,
@@ -102,6 +108,7 @@ impl InboxConfig {
             backoff_max: Duration::from_secs(30),
             queue_per_partition: 256,
             commit_interval: Duration::from_millis(500),
+            operator_poll_interval: Duration::from_secs(2),
             cleanup_interval: Duration::from_secs(60),
             cleanup_batch: 1000,
             kafka: BTreeMap::new(),
@@ -168,6 +175,14 @@ impl InboxConfig {
     #[must_use]
     pub fn commit_interval(mut self, interval: Duration) -> Self {
         self.commit_interval = interval;
+        self
+    }
+
+    /// How often the running consumer looks for retries requested by operators
+    /// ([`InboxAdmin::request_retry`], `outbox inbox retry`). Default: 2 s.
+    #[must_use]
+    pub fn operator_poll_interval(mut self, interval: Duration) -> Self {
+        self.operator_poll_interval = interval;
         self
     }
 
@@ -266,6 +281,8 @@ impl InboxStats {
 pub struct ParkedMessage {
     /// Its id in the parked table.
     pub id: i64,
+    /// An operator asked for a retry that the running consumer has not carried out yet.
+    pub retry_requested: bool,
     /// `parked` (failed itself), `held` (behind a parked one), `retried` or `discarded`.
     pub status: String,
     /// Why.
@@ -295,6 +312,7 @@ pub struct Released {
 }
 
 /// An inbox consumer. See the [module documentation](self).
+#[derive(Clone)]
 pub struct Inbox {
     pool: PgPool,
     config: InboxConfig,
@@ -400,18 +418,38 @@ CREATE TABLE {aggregates} (
             AssertSqlSafe(v1).into_sql_str(),
             false,
         );
-        let mut migrator = Migrator::with_migrations(vec![migration]);
+        let v2 = format!(
+            r#"
+-- Retries requested by operators (outbox inbox retry), carried out by the running consumer.
+ALTER TABLE {parked} ADD COLUMN retry_requested_at timestamptz;
+"#
+        );
+        let migration2 = Migration::new(
+            2,
+            "operator retry requests".into(),
+            MigrationType::Simple,
+            AssertSqlSafe(v2).into_sql_str(),
+            false,
+        );
+        let mut migrator = Migrator::with_migrations(vec![migration, migration2]);
         migrator.create_schema(schema.clone());
         migrator.dangerous_set_table_name(format!("\"{schema}\".\"{table}_migrations\""));
         migrator
     }
 
-    fn kafka_consumer(&self) -> Result<StreamConsumer> {
+    /// The operator side of this inbox: parked messages, retry requests, discards.
+    pub fn admin(&self) -> InboxAdmin {
+        InboxAdmin::from_parts(self.pool.clone(), self.names.clone(), self.config.consumer.clone())
+    }
+
+    fn kafka_consumer(&self) -> Result<StreamConsumer<LagContext>> {
         let mut config = ClientConfig::new();
         config
             .set("bootstrap.servers", &self.config.brokers)
             .set("auto.offset.reset", "earliest")
-            .set("session.timeout.ms", "10000");
+            .set("session.timeout.ms", "10000")
+            // Statistics carry the consumer lag per partition (the inbox_consumer_lag gauge).
+            .set("statistics.interval.ms", "5000");
         for (k, v) in &self.config.kafka {
             config.set(k, v);
         }
@@ -419,7 +457,7 @@ CREATE TABLE {aggregates} (
             .set("group.id", &self.config.consumer)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false");
-        Ok(config.create()?)
+        Ok(config.create_with_context(LagContext { consumer: self.config.consumer.clone() })?)
     }
 
     /// Consumes until `shutdown` is cancelled. Then it stops reading, lets each partition
@@ -453,6 +491,7 @@ CREATE TABLE {aggregates} (
                 shutdown.clone(),
             ));
         }
+        tracker.spawn(self.clone().operator_requests(shutdown.clone()));
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(String, i32, i64)>();
         let mut workers: HashMap<(String, i32), mpsc::Sender<OwnedMessage>> = HashMap::new();
         let mut finished: BTreeMap<(String, i32), i64> = BTreeMap::new();
@@ -576,40 +615,40 @@ CREATE TABLE {aggregates} (
 
     /// Parked and held messages, oldest first.
     pub async fn parked(&self) -> Result<Vec<ParkedMessage>> {
-        let sql = format!(
-            "SELECT id, status, reason, topic, kafka_partition, kafka_offset, record_key, event_type, payload \
-             FROM {} WHERE consumer = $1 AND status IN ('parked', 'held') ORDER BY id",
-            self.names.parked
-        );
-        type Row = (i64, String, String, String, i32, i64, Option<Vec<u8>>, Option<String>, Vec<u8>);
-        let rows: Vec<Row> =
-            sqlx::query_as(AssertSqlSafe(sql)).bind(&self.config.consumer).fetch_all(&self.pool).await?;
-        Ok(rows
-            .into_iter()
-            .map(
-                |(
-                    id,
-                    status,
-                    reason,
-                    topic,
-                    kafka_partition,
-                    kafka_offset,
-                    record_key,
-                    event_type,
-                    payload,
-                )| ParkedMessage {
-                    id,
-                    status,
-                    reason,
-                    topic,
-                    kafka_partition,
-                    kafka_offset,
-                    record_key,
-                    event_type,
-                    payload,
-                },
-            )
-            .collect())
+        self.admin().parked().await
+    }
+
+    /// Carries out the retries operators requested, every `operator_poll_interval`.
+    async fn operator_requests(self, shutdown: CancellationToken) {
+        let admin = self.admin();
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(self.config.operator_poll_interval) => {}
+                () = shutdown.cancelled() => return,
+            }
+            let requested = match admin.requested().await {
+                Ok(ids) => ids,
+                Err(error) => {
+                    warn!(consumer = %self.config.consumer, stage = "operator", %error, "cannot read retry requests");
+                    continue;
+                }
+            };
+            for id in requested {
+                match self.release(id, None).await {
+                    Ok(released) => {
+                        info!(consumer = %self.config.consumer, stage = "operator", parked_id = id,
+                                          applied = released.applied, parked_again = ?released.parked_again,
+                                          "requested retry carried out")
+                    }
+                    Err(error) => warn!(consumer = %self.config.consumer, stage = "operator", parked_id = id,
+                                        %error, "requested retry failed"),
+                }
+                if let Err(error) = admin.done(id).await {
+                    warn!(consumer = %self.config.consumer, stage = "operator", parked_id = id, %error,
+                          "cannot clear the retry request");
+                }
+            }
+        }
     }
 
     /// Applies parked message `id` again, then the messages held behind it, in order,
@@ -626,7 +665,6 @@ CREATE TABLE {aggregates} (
 
     async fn release(&self, id: i64, discard: Option<&str>) -> Result<Released> {
         let parked = &self.names.parked;
-        let inbox = &self.names.inbox;
         // The target must be open and the first open message of its key.
         let target: Option<(Option<Vec<u8>>, bool)> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT record_key, NOT EXISTS (SELECT 1 FROM {parked} q WHERE q.consumer = p.consumer \
@@ -639,7 +677,7 @@ CREATE TABLE {aggregates} (
         .await?;
         let key = match target {
             None => {
-                return Err(Error::Config(format!(
+                return Err(Error::NotFound(format!(
                     "no parked message {id} for consumer {}",
                     self.config.consumer
                 )))
@@ -676,24 +714,7 @@ CREATE TABLE {aggregates} (
             };
             if row_id == id {
                 if let Some(reason) = discard {
-                    sqlx::query(AssertSqlSafe(format!(
-                        "UPDATE {parked} SET status = 'discarded', resolved_at = now(), reason = reason || '; discarded: ' || $2 \
-                         WHERE id = $1 AND status IN ('parked', 'held')"
-                    )))
-                    .bind(id)
-                    .bind(reason)
-                    .execute(&mut *tx)
-                    .await?;
-                    // Remember its event id: a later delivery of the same event is absorbed.
-                    sqlx::query(AssertSqlSafe(format!(
-                        "INSERT INTO {inbox} (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, outcome) \
-                         SELECT consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, 'discarded' \
-                         FROM {parked} WHERE id = $1 AND event_id IS NOT NULL AND event_type IS NOT NULL AND schema_version IS NOT NULL \
-                         ON CONFLICT (consumer, event_id) DO NOTHING"
-                    )))
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
+                    admin::discard_row(&mut tx, &self.names, id, reason).await?;
                     tx.commit().await?;
                     continue;
                 }
@@ -732,9 +753,33 @@ fn warn_retention(consumer: &str, verdict: RetentionVerdict) {
     }
 }
 
+/// The Kafka client context: reports the consumer lag per partition from librdkafka's
+/// statistics.
+struct LagContext {
+    consumer: String,
+}
+
+impl ClientContext for LagContext {
+    fn stats(&self, statistics: Statistics) {
+        for (topic, t) in statistics.topics {
+            for (partition, p) in t.partitions {
+                // -1 is librdkafka's internal partition; a negative lag means unknown.
+                if partition >= 0 && p.consumer_lag >= 0 {
+                    #[allow(clippy::cast_precision_loss)]
+                    metrics::gauge!(crate::metrics::INBOX_LAG, "consumer" => self.consumer.clone(),
+                                    "topic" => topic.clone(), "partition" => partition.to_string())
+                    .set(p.consumer_lag as f64);
+                }
+            }
+        }
+    }
+}
+
+impl ConsumerContext for LagContext {}
+
 /// Commits each partition's finished offset when it moved.
 fn commit(
-    consumer: &StreamConsumer,
+    consumer: &StreamConsumer<LagContext>,
     finished: &BTreeMap<(String, i32), i64>,
     committed: &mut BTreeMap<(String, i32), i64>,
     mode: CommitMode,

@@ -105,7 +105,7 @@ impl Statements {
                         last_error = NULL, kafka_partition = d.kp, kafka_offset = d.ko \
                  FROM unnest($1::bigint[], $2::int[], $3::bigint[]) AS d(id, kp, ko) \
                  WHERE o.id = d.id AND o.status = 'pending' AND {} \
-                 RETURNING EXTRACT(EPOCH FROM o.published_at - o.created_at)::float8",
+                 RETURNING EXTRACT(EPOCH FROM o.published_at - o.created_at)::float8, o.attempts",
                 fence(names, 4)
             )),
             retry: sql(format!(
@@ -174,7 +174,7 @@ impl Statements {
             let ids: Vec<i64> = marks.published.iter().map(|(id, _)| *id).collect();
             let parts: Vec<i32> = marks.published.iter().map(|(_, p)| p.partition).collect();
             let offsets: Vec<i64> = marks.published.iter().map(|(_, p)| p.offset).collect();
-            let latencies: Vec<f64> = sqlx::query_scalar(self.published.clone())
+            let latencies: Vec<(f64, i32)> = sqlx::query_as(self.published.clone())
                 .bind(ids)
                 .bind(parts)
                 .bind(offsets)
@@ -183,9 +183,14 @@ impl Statements {
                 .bind(&fence.tokens)
                 .fetch_all(pool)
                 .await?;
-            for seconds in &latencies {
+            for (seconds, attempts) in &latencies {
                 metrics::histogram!(crate::metrics::CREATED_TO_PUBLISHED).record(*seconds);
+                metrics::histogram!(crate::metrics::ATTEMPTS).record(f64::from(*attempts));
             }
+            // Sent before without a recorded ack (a retry after an error or a timeout), or
+            // replayed: consumers may see these twice and absorb them.
+            let again = latencies.iter().filter(|(_, attempts)| *attempts > 1).count() as u64;
+            metrics::counter!(crate::metrics::REPUBLISHED).increment(again);
             marked.published = latencies.len() as u64;
         }
         if !marks.retry.is_empty() {

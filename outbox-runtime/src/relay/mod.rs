@@ -378,21 +378,22 @@ impl Relay {
                         outcome.acked += 1;
                         marks.published.push((row.id, placement));
                     }
-                    Sent::Transient(reason) if self.config.max_attempts.is_some_and(|max| attempt.unsigned_abs() >= max) => {
+                    Sent::Transient { reason, .. } if self.config.max_attempts.is_some_and(|max| attempt.unsigned_abs() >= max) => {
                         warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
                               attempt, stage = "publish", %reason, "event failed: attempts exhausted");
+                        metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "exhausted", "code" => "max_attempts").increment(1);
                         marks.failed.push((row.id, format!("gave up after {attempt} attempts: {reason}")));
                     }
-                    Sent::Transient(reason) => {
-                        metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "transient").increment(1);
+                    Sent::Transient { reason, code } => {
+                        metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "transient", "code" => code).increment(1);
                         outcome.transient += 1;
                         let delay = backoff::delay(self.config.backoff_base, self.config.backoff_max, attempt.unsigned_abs());
                         debug!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
                                attempt, stage = "publish", %reason, retry_in = ?delay, "transient publish failure");
                         marks.retry.push((row.id, delay, reason));
                     }
-                    Sent::Permanent(reason) => {
-                        metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "permanent").increment(1);
+                    Sent::Permanent { reason, code } => {
+                        metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "permanent", "code" => code).increment(1);
                         warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
                               attempt, stage = "publish", %reason, "event failed permanently; its aggregate is held back");
                         marks.failed.push((row.id, reason));

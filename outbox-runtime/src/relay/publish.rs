@@ -81,10 +81,11 @@ pub(crate) fn headers(row: &Row, source: &str) -> OwnedHeaders {
 pub(crate) enum Sent {
     /// Acknowledged by the broker (acks=all).
     Acked(Placement),
-    /// May succeed later: retry with backoff.
-    Transient(String),
+    /// May succeed later: retry with backoff. `code` is the Kafka error code's name, a
+    /// bounded metric label.
+    Transient { reason: String, code: String },
     /// Will fail again until something changes: quarantine the event.
-    Permanent(String),
+    Permanent { reason: String, code: String },
 }
 
 /// Errors that repeat however often the same record is sent.
@@ -106,9 +107,10 @@ fn is_permanent(code: RDKafkaErrorCode) -> bool {
 
 pub(crate) fn judge(error: &KafkaError) -> Sent {
     let reason = error.to_string();
+    let label = error.rdkafka_error_code().map_or_else(|| "client".to_owned(), |code| format!("{code:?}"));
     match error.rdkafka_error_code() {
-        Some(code) if is_permanent(code) => Sent::Permanent(reason),
-        _ => Sent::Transient(reason),
+        Some(code) if is_permanent(code) => Sent::Permanent { reason, code: label },
+        _ => Sent::Transient { reason, code: label },
     }
 }
 
@@ -125,7 +127,10 @@ pub(crate) async fn send(producer: &FutureProducer, row: &Row, source: &str) -> 
     match delivery.await {
         Ok(Ok(d)) => Sent::Acked(Placement { partition: d.partition, offset: d.offset }),
         Ok(Err((error, _))) => judge(&error),
-        Err(_) => Sent::Transient("the producer dropped the delivery report".to_owned()),
+        Err(_) => Sent::Transient {
+            reason: "the producer dropped the delivery report".to_owned(),
+            code: "dropped".to_owned(),
+        },
     }
 }
 

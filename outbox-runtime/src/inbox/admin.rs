@@ -1,0 +1,211 @@
+//! Operating an inbox from outside the consumer process (the `outbox inbox` commands):
+//! list parked messages, request a retry, discard. Applying a message needs the
+//! application's handlers, so a retry is a request that the running consumer carries out
+//! (it looks every [`InboxConfig::operator_poll_interval`](super::InboxConfig::operator_poll_interval)).
+
+use serde::Serialize;
+use sqlx::{AssertSqlSafe, PgConnection, PgPool};
+
+use super::store::{InboxNames, Store};
+use super::ParkedMessage;
+use crate::error::{Error, Result};
+
+/// One consumer's inbox, for operators; needs no handlers and no Kafka.
+#[derive(Debug, Clone)]
+pub struct InboxAdmin {
+    pool: PgPool,
+    names: InboxNames,
+    consumer: String,
+}
+
+/// What an operator's discard did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Discarded {
+    /// Messages of the key still held behind; the consumer applies them next, in order.
+    pub held_behind: i64,
+}
+
+impl InboxAdmin {
+    /// The inbox `schema.table` of `consumer`.
+    pub fn new(pool: PgPool, schema: &str, table: &str, consumer: impl Into<String>) -> Result<Self> {
+        Ok(InboxAdmin { pool, names: InboxNames::new(schema, table)?, consumer: consumer.into() })
+    }
+
+    pub(crate) fn from_parts(pool: PgPool, names: InboxNames, consumer: String) -> Self {
+        InboxAdmin { pool, names, consumer }
+    }
+
+    /// Parked and held messages, oldest first.
+    pub async fn parked(&self) -> Result<Vec<ParkedMessage>> {
+        let sql = format!(
+            "SELECT id, status, reason, topic, kafka_partition, kafka_offset, record_key, event_type, payload, \
+                    retry_requested_at IS NOT NULL \
+             FROM {} WHERE consumer = $1 AND status IN ('parked', 'held') ORDER BY id",
+            self.names.parked
+        );
+        type Row = (i64, String, String, String, i32, i64, Option<Vec<u8>>, Option<String>, Vec<u8>, bool);
+        let rows: Vec<Row> =
+            sqlx::query_as(AssertSqlSafe(sql)).bind(&self.consumer).fetch_all(&self.pool).await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(
+                    id,
+                    status,
+                    reason,
+                    topic,
+                    kafka_partition,
+                    kafka_offset,
+                    record_key,
+                    event_type,
+                    payload,
+                    retry,
+                )| {
+                    ParkedMessage {
+                        id,
+                        status,
+                        reason,
+                        topic,
+                        kafka_partition,
+                        kafka_offset,
+                        record_key,
+                        event_type,
+                        payload,
+                        retry_requested: retry,
+                    }
+                },
+            )
+            .collect())
+    }
+
+    /// Asks the running consumer to apply parked message `id` again, then the messages held
+    /// behind it. Fails when `id` is not parked or is held behind an earlier message.
+    pub async fn request_retry(&self, id: i64) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        self.first_open(&mut tx, id).await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {} SET retry_requested_at = now() WHERE id = $1",
+            self.names.parked
+        )))
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Discards parked message `id` for good: it never applies, and a later delivery of
+    /// its event is absorbed. The messages held behind it are handed to the running
+    /// consumer, which applies them in order.
+    pub async fn discard(&self, id: i64, reason: &str) -> Result<Discarded> {
+        let mut tx = self.pool.begin().await?;
+        let key = self.first_open(&mut tx, id).await?;
+        discard_row(&mut tx, &self.names, id, reason).await?;
+        let parked = &self.names.parked;
+        let held_behind: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT count(*) FROM {parked} WHERE consumer = $1 AND record_key = $2 AND status IN ('parked', 'held')"
+        )))
+        .bind(&self.consumer)
+        .bind(key.as_deref())
+        .fetch_one(&mut *tx)
+        .await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {parked} SET retry_requested_at = now() WHERE id = (SELECT id FROM {parked} \
+             WHERE consumer = $1 AND record_key = $2 AND status IN ('parked', 'held') ORDER BY id LIMIT 1)"
+        )))
+        .bind(&self.consumer)
+        .bind(key.as_deref())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Discarded { held_behind })
+    }
+
+    /// Requested retries, oldest first.
+    pub(crate) async fn requested(&self) -> Result<Vec<i64>> {
+        Ok(sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT id FROM {} WHERE consumer = $1 AND status IN ('parked', 'held') AND retry_requested_at IS NOT NULL \
+             ORDER BY id",
+            self.names.parked
+        )))
+        .bind(&self.consumer)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Marks a request carried out (whatever came of it: a message parked again waits for
+    /// a new request).
+    pub(crate) async fn done(&self, id: i64) -> Result<()> {
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {} SET retry_requested_at = NULL WHERE id = $1",
+            self.names.parked
+        )))
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Locks the key of `id` and checks that `id` is open and the first open message of
+    /// its key. Returns the key.
+    async fn first_open(&self, tx: &mut PgConnection, id: i64) -> Result<Option<Vec<u8>>> {
+        let parked = &self.names.parked;
+        let key: Option<Option<Vec<u8>>> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT record_key FROM {parked} WHERE id = $1 AND consumer = $2 AND status IN ('parked', 'held')"
+        )))
+        .bind(id)
+        .bind(&self.consumer)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(key) = key else {
+            return Err(Error::NotFound(format!("no parked message {id} for consumer {}", self.consumer)));
+        };
+        Store::new(&self.names, &self.consumer).lock(tx, key.as_deref()).await?;
+        let earlier: bool = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT EXISTS (SELECT 1 FROM {parked} WHERE consumer = $1 AND record_key = $2 \
+                AND status IN ('parked', 'held') AND id < $3)"
+        )))
+        .bind(&self.consumer)
+        .bind(key.as_deref())
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await?;
+        if earlier {
+            return Err(Error::Config(format!(
+                "message {id} is held behind an earlier one of its key: release that first"
+            )));
+        }
+        Ok(key)
+    }
+}
+
+/// Marks parked row `id` discarded and records its event id, so that a later delivery of
+/// the same event is absorbed.
+pub(crate) async fn discard_row(
+    tx: &mut PgConnection,
+    names: &InboxNames,
+    id: i64,
+    reason: &str,
+) -> Result<()> {
+    let (parked, inbox) = (&names.parked, &names.inbox);
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE {parked} SET status = 'discarded', resolved_at = now(), retry_requested_at = NULL, \
+                reason = reason || '; discarded: ' || $2 \
+         WHERE id = $1 AND status IN ('parked', 'held')"
+    )))
+    .bind(id)
+    .bind(reason)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {inbox} (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, outcome) \
+         SELECT consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, 'discarded' \
+         FROM {parked} WHERE id = $1 AND event_id IS NOT NULL AND event_type IS NOT NULL AND schema_version IS NOT NULL \
+         ON CONFLICT (consumer, event_id) DO NOTHING"
+    )))
+    .bind(id)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,248 @@
+//! Operating an outbox: its status and forecast, failed events, retry, discard, replay,
+//! purge and reconcile. The `outbox` command line (feature `cli`) is a thin layer over these.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::{AssertSqlSafe, PgPool};
+use uuid::Uuid;
+
+use crate::capacity::seconds_to_full;
+use crate::error::Result;
+use crate::outbox::Outbox;
+
+mod reconcile;
+mod replay;
+
+pub use reconcile::{InboxSide, Reconciliation, ReconciliationRow};
+pub use replay::{ReplayFilter, ReplayReport};
+
+/// The state of an outbox at one moment.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct Status {
+    /// Events waiting to be published.
+    pub pending: i64,
+    /// Events quarantined after a permanent error.
+    pub failed: i64,
+    /// Published events still in the table (not yet cleaned up).
+    pub published: i64,
+    /// Events an operator discarded.
+    pub discarded: i64,
+    /// Age in seconds of the oldest event not yet published (pending or failed): the
+    /// headline figure. `None` when there is none.
+    pub oldest_unpublished_age_seconds: Option<f64>,
+    /// Pending events that already failed at least once (retrying).
+    pub retrying: i64,
+    /// Over the last `window_seconds`: events appended per second.
+    pub appended_per_second: f64,
+    /// Over the last `window_seconds`: events published per second.
+    pub published_per_second: f64,
+    /// The window the rates are measured over.
+    pub window_seconds: f64,
+    /// The outbox table's size with its indexes and TOAST, in bytes.
+    pub table_bytes: i64,
+    /// Dead tuples in the outbox table, as `pg_stat_user_tables` counts them (vacuum's backlog).
+    pub dead_tuples: i64,
+    /// Fill level and forecast, when a capacity is configured.
+    pub capacity: Option<CapacityStatus>,
+}
+
+/// The fill level against the configured [`Capacity`](crate::Capacity), and when it is full.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct CapacityStatus {
+    /// `rows` (unpublished events) or `bytes` (table size).
+    pub unit: &'static str,
+    /// The configured capacity.
+    pub limit: u64,
+    /// The fill level now.
+    pub used: u64,
+    /// `used / limit`.
+    pub used_ratio: f64,
+    /// The share from which non-critical appends are refused.
+    pub refuse_non_critical_at: f64,
+    /// Net growth in units per second over the window: appended minus published, in
+    /// bytes at the table's mean bytes per row for a bytes capacity.
+    pub growth_per_second: f64,
+    /// Seconds until full at that growth; `None` when the level is not growing, 0 when full.
+    pub seconds_to_full: Option<f64>,
+}
+
+/// The window `status` measures rates over by default.
+pub const DEFAULT_RATE_WINDOW: Duration = Duration::from_secs(300);
+
+/// A failed event, for operators (never its payload).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct FailedEvent {
+    /// Its id.
+    pub event_id: Uuid,
+    /// Its type.
+    pub event_type: String,
+    /// Its aggregate.
+    pub aggregate_type: String,
+    /// Its aggregate's id.
+    pub aggregate_id: String,
+    /// Attempts made.
+    pub attempts: i32,
+    /// Why it failed.
+    pub last_error: Option<String>,
+    /// Later events of its aggregate held back behind it.
+    pub held_back: i64,
+}
+
+/// Which failed events to retry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RetryTarget {
+    /// One event.
+    Event(Uuid),
+    /// Every failed event of one aggregate id.
+    Aggregate(String),
+    /// Every failed event.
+    AllFailed,
+}
+
+impl Outbox {
+    /// Counts, the age of the oldest unpublished event, rates over the last 5 minutes,
+    /// table size and the capacity forecast.
+    pub async fn status(&self, pool: &PgPool) -> Result<Status> {
+        self.status_over(pool, DEFAULT_RATE_WINDOW).await
+    }
+
+    /// [`Outbox::status`] with rates measured over `window`.
+    pub async fn status_over(&self, pool: &PgPool, window: Duration) -> Result<Status> {
+        let names = self.names();
+        let sql = format!(
+            "SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'failed'), \
+                    count(*) FILTER (WHERE status = 'published'), count(*) FILTER (WHERE status = 'discarded'), \
+                    EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE status IN ('pending', 'failed')))::float8, \
+                    count(*) FILTER (WHERE status = 'pending' AND attempts > 0), \
+                    (SELECT count(*) FROM {t} WHERE created_at >= now() - $1 * interval '1 second'), \
+                    (SELECT count(*) FROM {t} WHERE published_at >= now() - $1 * interval '1 second'), \
+                    pg_total_relation_size($2::regclass), \
+                    coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $2::regclass), 0), \
+                    coalesce((SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = $2::regclass), 0) \
+             FROM {t}",
+            t = names.outbox
+        );
+        type Row = (i64, i64, i64, i64, Option<f64>, i64, i64, i64, i64, i64, i64);
+        let window_seconds = window.as_secs_f64().max(1.0);
+        let (
+            pending,
+            failed,
+            published,
+            discarded,
+            oldest,
+            retrying,
+            appended_n,
+            published_n,
+            bytes,
+            dead,
+            live,
+        ): Row = sqlx::query_as(AssertSqlSafe(sql))
+            .bind(window_seconds)
+            .bind(&names.outbox)
+            .fetch_one(pool)
+            .await?;
+        #[allow(clippy::cast_precision_loss)]
+        let (appended_per_second, published_per_second) =
+            (appended_n as f64 / window_seconds, published_n as f64 / window_seconds);
+        let capacity = match self.config().capacity {
+            None => None,
+            Some(capacity) => {
+                let mut conn = pool.acquire().await?;
+                let used = self.fill(&mut conn).await?.unwrap_or(0);
+                let rows_per_second = appended_per_second - published_per_second;
+                #[allow(clippy::cast_precision_loss)]
+                let growth_per_second = match capacity {
+                    crate::Capacity::Rows(_) => rows_per_second,
+                    crate::Capacity::Bytes(_) => rows_per_second * (bytes as f64 / live.max(1) as f64),
+                };
+                #[allow(clippy::cast_precision_loss)]
+                Some(CapacityStatus {
+                    unit: capacity.unit(),
+                    limit: capacity.limit(),
+                    used,
+                    used_ratio: used as f64 / capacity.limit() as f64,
+                    refuse_non_critical_at: self.config().refuse_non_critical_at,
+                    growth_per_second,
+                    seconds_to_full: seconds_to_full(used, capacity.limit(), growth_per_second),
+                })
+            }
+        };
+        Ok(Status {
+            pending,
+            failed,
+            published,
+            discarded,
+            oldest_unpublished_age_seconds: oldest,
+            retrying,
+            appended_per_second,
+            published_per_second,
+            window_seconds,
+            table_bytes: bytes,
+            dead_tuples: dead,
+            capacity,
+        })
+    }
+
+    /// Failed events, oldest first, with how many later events each holds back.
+    pub async fn failed(&self, pool: &PgPool) -> Result<Vec<FailedEvent>> {
+        let t = &self.names().outbox;
+        let sql = format!(
+            "SELECT f.event_id, f.event_type, f.aggregate_type, f.aggregate_id, f.attempts, f.last_error, \
+                    (SELECT count(*) FROM {t} h WHERE h.aggregate_type = f.aggregate_type \
+                       AND h.aggregate_id = f.aggregate_id AND h.status = 'pending' AND h.id > f.id) \
+             FROM {t} f WHERE f.status = 'failed' ORDER BY f.id"
+        );
+        type Row = (Uuid, String, String, String, i32, Option<String>, i64);
+        let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(sql)).fetch_all(pool).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(event_id, event_type, aggregate_type, aggregate_id, attempts, last_error, held_back)| {
+                FailedEvent {
+                    event_id,
+                    event_type,
+                    aggregate_type,
+                    aggregate_id,
+                    attempts,
+                    last_error,
+                    held_back,
+                }
+            })
+            .collect())
+    }
+
+    /// Puts failed events back up for publication (due at once). Returns how many.
+    pub async fn retry(&self, pool: &PgPool, target: &RetryTarget) -> Result<u64> {
+        let t = &self.names().outbox;
+        let set = "status = 'pending', next_attempt_at = '-infinity'";
+        let query = match target {
+            RetryTarget::Event(id) => sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {t} SET {set} WHERE status = 'failed' AND event_id = $1"
+            )))
+            .bind(*id),
+            RetryTarget::Aggregate(aggregate_id) => sqlx::query(AssertSqlSafe(format!(
+                "UPDATE {t} SET {set} WHERE status = 'failed' AND aggregate_id = $1"
+            )))
+            .bind(aggregate_id.clone()),
+            RetryTarget::AllFailed => {
+                sqlx::query(AssertSqlSafe(format!("UPDATE {t} SET {set} WHERE status = 'failed'")))
+            }
+        };
+        Ok(query.execute(pool).await?.rows_affected())
+    }
+
+    /// Discards a failed or pending event: it will never be published, and the events of
+    /// its aggregate behind it flow again. Returns whether an event was discarded.
+    pub async fn discard(&self, pool: &PgPool, event_id: Uuid, reason: &str) -> Result<bool> {
+        let sql = format!(
+            "UPDATE {} SET status = 'discarded', last_error = 'discarded: ' || $2 \
+             WHERE event_id = $1 AND status IN ('failed', 'pending')",
+            self.names().outbox
+        );
+        let done = sqlx::query(AssertSqlSafe(sql)).bind(event_id).bind(reason).execute(pool).await?;
+        Ok(done.rows_affected() == 1)
+    }
+}

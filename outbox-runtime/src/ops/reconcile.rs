@@ -1,0 +1,227 @@
+//! Reconciliation: per event type and hour of creation, events appended, published and,
+//! given the consumer's database, applied; and the differences between them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::SystemTime;
+
+use serde::Serialize;
+use sqlx::{AssertSqlSafe, PgPool};
+use uuid::Uuid;
+
+use super::replay::epoch_seconds;
+use crate::error::Result;
+use crate::inbox::InboxNames;
+use crate::outbox::Outbox;
+
+/// Outbox rows read per round trip when checking the inbox.
+const CHUNK: i64 = 10_000;
+/// Missing event ids listed per row at most.
+const LISTED: usize = 20;
+
+/// The consumer side of a reconciliation: its database and inbox.
+#[derive(Debug, Clone)]
+pub struct InboxSide {
+    pool: PgPool,
+    names: InboxNames,
+    consumer: String,
+    required: BTreeSet<String>,
+}
+
+impl InboxSide {
+    /// The inbox `schema.table` of `consumer` in `pool`'s database.
+    pub fn new(pool: PgPool, schema: &str, table: &str, consumer: impl Into<String>) -> Result<Self> {
+        Ok(InboxSide {
+            pool,
+            names: InboxNames::new(schema, table)?,
+            consumer: consumer.into(),
+            required: BTreeSet::new(),
+        })
+    }
+
+    /// An event type the consumer must have applied. Without any, a type counts as
+    /// consumed when at least one of its events in the interval is in the inbox; a type
+    /// none of whose events is there is reported as not consumed, not as a difference.
+    #[must_use]
+    pub fn require(mut self, event_type: impl Into<String>) -> Self {
+        self.required.insert(event_type.into());
+        self
+    }
+}
+
+/// One event type in one hour.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct ReconciliationRow {
+    /// The event type.
+    pub event_type: String,
+    /// The hour of creation, UTC (`2026-11-30T10:00:00Z`).
+    pub hour: String,
+    /// Events appended (still in the outbox or cleaned up).
+    pub appended: i64,
+    /// Events published (still in the outbox or cleaned up).
+    pub published: i64,
+    /// Appended, neither published nor discarded: pending or failed.
+    pub unpublished: i64,
+    /// Discarded by an operator.
+    pub discarded: i64,
+    /// Published events already cleaned up from the outbox: counted, but their event ids
+    /// are gone, so they are not checked against the inbox.
+    pub cleaned_up: i64,
+    /// Published events still in the outbox found in the consumer's inbox (with a consumer).
+    pub applied: Option<i64>,
+    /// Published events still in the outbox not in the inbox (with a consumer of the type).
+    pub not_applied: Option<i64>,
+    /// Up to 20 of those event ids.
+    pub not_applied_ids: Vec<Uuid>,
+}
+
+/// The result of [`Outbox::reconcile`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Reconciliation {
+    /// Per event type and hour, in that order.
+    pub rows: Vec<ReconciliationRow>,
+    /// Event types none of whose events of the interval is in the inbox, and not required:
+    /// taken as not consumed by this consumer.
+    pub not_consumed: Vec<String>,
+    /// Rows with a difference: unpublished events, or published events not applied.
+    pub differences: usize,
+}
+
+impl Outbox {
+    /// Counts events per type and hour of creation in `[since, until)` and compares
+    /// appended with published and, given `inbox`, published with applied.
+    pub async fn reconcile(
+        &self,
+        pool: &PgPool,
+        since: SystemTime,
+        until: SystemTime,
+        inbox: Option<&InboxSide>,
+    ) -> Result<Reconciliation> {
+        let (t, cleaned) = (&self.names().outbox, &self.names().cleaned);
+        let (since, until) = (epoch_seconds(since), epoch_seconds(until));
+        const HOUR: &str =
+            "to_char(date_trunc('hour', created_at AT TIME ZONE 'UTC'), 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')";
+        let present = format!(
+            "SELECT event_type, {HOUR}, count(*), count(*) FILTER (WHERE status = 'published'), \
+                    count(*) FILTER (WHERE status IN ('pending', 'failed')), count(*) FILTER (WHERE status = 'discarded') \
+             FROM {t} WHERE created_at >= to_timestamp($1) AND created_at < to_timestamp($2) GROUP BY 1, 2"
+        );
+        let gone = format!(
+            "SELECT event_type, to_char(hour, 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"'), \
+                    coalesce(sum(events) FILTER (WHERE status = 'published'), 0)::bigint, \
+                    coalesce(sum(events) FILTER (WHERE status = 'discarded'), 0)::bigint \
+             FROM {cleaned} WHERE hour >= date_trunc('hour', to_timestamp($1) AT TIME ZONE 'UTC') \
+               AND hour < to_timestamp($2) AT TIME ZONE 'UTC' GROUP BY 1, 2"
+        );
+        let mut rows: BTreeMap<(String, String), ReconciliationRow> = BTreeMap::new();
+        let present: Vec<(String, String, i64, i64, i64, i64)> =
+            sqlx::query_as(AssertSqlSafe(present)).bind(since).bind(until).fetch_all(pool).await?;
+        for (event_type, hour, appended, published, unpublished, discarded) in present {
+            let row = rows.entry((event_type.clone(), hour.clone())).or_insert_with(|| ReconciliationRow {
+                event_type,
+                hour,
+                ..ReconciliationRow::default()
+            });
+            row.appended += appended;
+            row.published += published;
+            row.unpublished += unpublished;
+            row.discarded += discarded;
+        }
+        let gone: Vec<(String, String, i64, i64)> =
+            sqlx::query_as(AssertSqlSafe(gone)).bind(since).bind(until).fetch_all(pool).await?;
+        for (event_type, hour, published, discarded) in gone {
+            let row = rows.entry((event_type.clone(), hour.clone())).or_insert_with(|| ReconciliationRow {
+                event_type,
+                hour,
+                ..ReconciliationRow::default()
+            });
+            row.appended += published + discarded;
+            row.published += published;
+            row.discarded += discarded;
+            row.cleaned_up += published;
+        }
+
+        let mut not_consumed = Vec::new();
+        if let Some(inbox) = inbox {
+            let missing = self.not_in_inbox(pool, since, until, inbox, &mut rows).await?;
+            let types: BTreeSet<String> = rows.keys().map(|(event_type, _)| event_type.clone()).collect();
+            for event_type in types {
+                let seen = rows.values().any(|r| r.event_type == event_type && r.applied.unwrap_or(0) > 0);
+                if !seen && !inbox.required.contains(&event_type) {
+                    not_consumed.push(event_type);
+                    continue;
+                }
+                for row in rows.values_mut().filter(|r| r.event_type == event_type) {
+                    let ids =
+                        missing.get(&(row.event_type.clone(), row.hour.clone())).cloned().unwrap_or_default();
+                    row.not_applied = Some(row.published - row.cleaned_up - row.applied.unwrap_or(0));
+                    row.not_applied_ids = ids;
+                }
+            }
+        }
+        let rows: Vec<ReconciliationRow> = rows.into_values().collect();
+        let differences = rows.iter().filter(|r| r.unpublished > 0 || r.not_applied.unwrap_or(0) > 0).count();
+        Ok(Reconciliation { rows, not_consumed, differences })
+    }
+
+    /// Sets `applied` on every row from the inbox and returns, per row, up to 20 published
+    /// event ids the inbox lacks.
+    async fn not_in_inbox(
+        &self,
+        pool: &PgPool,
+        since: f64,
+        until: f64,
+        inbox: &InboxSide,
+        rows: &mut BTreeMap<(String, String), ReconciliationRow>,
+    ) -> Result<BTreeMap<(String, String), Vec<Uuid>>> {
+        const HOUR: &str =
+            "to_char(date_trunc('hour', created_at AT TIME ZONE 'UTC'), 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')";
+        let page = format!(
+            "SELECT id, event_id, event_type, {HOUR} FROM {} \
+             WHERE status = 'published' AND created_at >= to_timestamp($1) AND created_at < to_timestamp($2) AND id > $3 \
+             ORDER BY id LIMIT $4",
+            self.names().outbox
+        );
+        let found =
+            format!("SELECT event_id FROM {} WHERE consumer = $1 AND event_id = ANY($2)", inbox.names.inbox);
+        for row in rows.values_mut() {
+            row.applied = Some(0);
+        }
+        let mut missing: BTreeMap<(String, String), Vec<Uuid>> = BTreeMap::new();
+        let mut after = 0_i64;
+        loop {
+            let chunk: Vec<(i64, Uuid, String, String)> = sqlx::query_as(AssertSqlSafe(page.as_str()))
+                .bind(since)
+                .bind(until)
+                .bind(after)
+                .bind(CHUNK)
+                .fetch_all(pool)
+                .await?;
+            let Some(last) = chunk.last() else { break };
+            after = last.0;
+            let ids: Vec<Uuid> = chunk.iter().map(|c| c.1).collect();
+            let applied: BTreeSet<Uuid> = sqlx::query_scalar(AssertSqlSafe(found.as_str()))
+                .bind(&inbox.consumer)
+                .bind(&ids)
+                .fetch_all(&inbox.pool)
+                .await?
+                .into_iter()
+                .collect();
+            for (_, event_id, event_type, hour) in chunk {
+                let key = (event_type, hour);
+                if applied.contains(&event_id) {
+                    if let Some(row) = rows.get_mut(&key) {
+                        row.applied = Some(row.applied.unwrap_or(0) + 1);
+                    }
+                } else {
+                    let ids = missing.entry(key).or_default();
+                    if ids.len() < LISTED {
+                        ids.push(event_id);
+                    }
+                }
+            }
+        }
+        Ok(missing)
+    }
+}
