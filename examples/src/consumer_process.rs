@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | `CONSUMER_DATABASE_URL` | the projection's database | `postgres://postgres@127.0.0.1:5432/test` |
 //! | `KAFKA_BROKERS` | Kafka bootstrap servers | required |
+//! | `OUTBOX_METRICS_ADDR` | serve Prometheus metrics here (e.g. `127.0.0.1:9188`) | off |
 //! | `RUST_LOG` | log filter | `info` |
 
 use std::process::ExitCode;
@@ -15,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::events::OrderConfirmed;
 use crate::projection;
-use crate::relay_process::{init_logging, wait_for_signal, DEFAULT_DATABASE_URL};
+use crate::relay_process::{init_logging, serve_metrics_from_env, wait_for_signal, DEFAULT_DATABASE_URL};
 use outbox_runtime::OutboxEvent;
 
 /// The projection's inbox configuration for `brokers`.
@@ -39,6 +40,7 @@ pub fn main_from_env() -> ExitCode {
         }
     };
     let result: outbox_runtime::Result<()> = runtime.block_on(async move {
+        serve_metrics_from_env()?;
         let pool = PgPoolOptions::new().max_connections(8).connect(&database).await?;
         projection::MIGRATOR.run(&pool).await?;
         let inbox = Inbox::new(pool.clone(), inbox_config(&brokers), projection::handlers())?;

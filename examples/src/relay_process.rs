@@ -9,6 +9,7 @@
 //! | `OUTBOX_POLL_MS` | poll interval when no NOTIFY arrives | 1000 |
 //! | `OUTBOX_LEASE_TTL_MS` | work partition lease | 30000 |
 //! | `OUTBOX_MESSAGE_TIMEOUT_MS` | Kafka `message.timeout.ms` | 10000 |
+//! | `OUTBOX_METRICS_ADDR` | serve Prometheus metrics here (e.g. `127.0.0.1:9187`) | off |
 //! | `RUST_LOG` | log filter | `info` |
 
 use std::process::ExitCode;
@@ -48,6 +49,19 @@ fn config() -> Result<(String, RelayConfig), String> {
     Ok((database, config))
 }
 
+/// Serves Prometheus metrics on `OUTBOX_METRICS_ADDR` when set. Call inside the runtime.
+pub fn serve_metrics_from_env() -> outbox_runtime::Result<()> {
+    let Ok(addr) = std::env::var("OUTBOX_METRICS_ADDR") else { return Ok(()) };
+    let addr = addr.parse().map_err(|e| {
+        outbox_runtime::Error::Config(format!(
+            "OUTBOX_METRICS_ADDR={addr:?} is not an address such as 127.0.0.1:9187: {e}"
+        ))
+    })?;
+    outbox_runtime::metrics::install_prometheus(addr)?;
+    tracing::info!(%addr, "serving Prometheus metrics at /metrics");
+    Ok(())
+}
+
 /// Installs a log subscriber honouring `RUST_LOG` (default `info`).
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -73,6 +87,7 @@ pub fn main_from_env() -> ExitCode {
         }
     };
     let result = runtime.block_on(async move {
+        serve_metrics_from_env()?;
         let pool = PgPoolOptions::new().max_connections(4).connect(&database).await?;
         let outbox = Outbox::default_ref().clone();
         outbox.migrator().run(&pool).await?;

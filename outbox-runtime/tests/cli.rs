@@ -418,3 +418,78 @@ fn bad_arguments_and_unreachable_databases_have_their_exit_codes() {
         "{err}"
     );
 }
+
+/// `GET /metrics` over a plain TCP connection; `None` while nothing listens.
+fn scrape(addr: std::net::SocketAddr) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(1)).ok()?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(5))).ok()?;
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    Some(response)
+}
+
+#[sqlx::test(migrations = false)]
+async fn relay_serves_prometheus_metrics_and_stops_on_sigterm(pool: PgPool) {
+    let outbox = Outbox::default_ref();
+    outbox.migrator().run(&pool).await.expect("migrate");
+    let events: Vec<NewEvent> = (0..3)
+        .map(|i| {
+            NewEvent::new(
+                &Ping { id: format!("m{i}"), secret: "PAYLOAD-MARKER".into() },
+                AppendOptions::default(),
+            )
+            .expect("event")
+        })
+        .collect();
+    let mut tx = pool.begin().await.expect("begin");
+    outbox.append_batch(&mut tx, &events).await.expect("append");
+    tx.commit().await.expect("commit");
+    let kafka = rdkafka::mocking::MockCluster::new(1).expect("mock cluster");
+    kafka.create_topic(Ping::TOPIC, 1, 1).expect("topic");
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port");
+    let relay = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .arg("--database-url")
+        .arg(database_url(&pool))
+        .args(["relay", "--brokers", &kafka.bootstrap_servers(), "--metrics-addr", &addr.to_string()])
+        .args(["--poll-interval", "100ms"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("relay");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut last = String::new();
+    while std::time::Instant::now() < deadline {
+        if let Some(body) = scrape(addr) {
+            if body.lines().any(|l| l == "outbox_published_total 3") {
+                last = body;
+                break;
+            }
+            last = body;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(last.starts_with("HTTP/1.") && last.contains("outbox_published_total 3"), "{last}");
+    assert!(
+        last.contains("outbox_created_to_published_seconds_bucket{le=\"0.001\"}"),
+        "latency buckets: {last}"
+    );
+    assert!(last.contains("outbox_oldest_unpublished_age_seconds"), "{last}");
+    assert!(
+        !last.contains("PAYLOAD-MARKER") && !last.contains("m0"),
+        "no payloads, no aggregate ids as labels"
+    );
+
+    let killed = Command::new("kill").args(["-TERM", &relay.id().to_string()]).status().expect("kill");
+    assert!(killed.success());
+    let status =
+        tokio::task::spawn_blocking(move || relay.wait_with_output()).await.expect("join").expect("wait");
+    assert_eq!(status.status.code(), Some(0), "a graceful stop: {}", String::from_utf8_lossy(&status.stderr));
+    assert_eq!(
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE status = 'published'")
+            .fetch_one(&pool)
+            .await
+            .expect("n"),
+        3
+    );
+}

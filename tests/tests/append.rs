@@ -228,3 +228,55 @@ async fn configurable_names_are_validated_and_used(pool: PgPool) {
     let err = other.migrator().run(&pool).await.expect_err("checksum mismatch");
     assert!(err.to_string().contains("previously applied but has been modified"), "{err}");
 }
+
+#[sqlx::test(migrations = false)]
+async fn near_capacity_non_critical_appends_are_refused_and_critical_ones_never(pool: PgPool) {
+    // Fault: the backlog grows to 80% of a 5-row capacity. Backpressure: a non-critical
+    // append fails with a typed error and appends nothing, a critical one always goes in.
+    migrate(&pool).await;
+    let outbox = Outbox::new(
+        OutboxConfig::default()
+            .capacity(outbox_runtime::Capacity::Rows(5))
+            .refuse_non_critical_at(0.8)
+            .capacity_check_interval(std::time::Duration::ZERO),
+    )
+    .expect("outbox");
+    let blob = |id: u64| Blob { id, data: "x".into() };
+    let non_critical = || AppendOptions::default().critical(false);
+    let mut tx = pool.begin().await.expect("begin");
+    for id in 0..3 {
+        outbox.append_with(&mut tx, &blob(id), non_critical()).await.expect("below 80%: accepted");
+    }
+    outbox.append(&mut tx, &blob(3)).await.expect("critical");
+    // 4 of 5 unpublished (the transaction's own rows count): 80%.
+    let refused = outbox.append_with(&mut tx, &blob(4), non_critical()).await;
+    match refused {
+        Err(Error::Backpressure { event_type, used, limit, unit, .. }) => {
+            assert_eq!((event_type, used, limit, unit), ("test.blob", 4, 5, "rows"));
+        }
+        other => panic!("expected Error::Backpressure, got {other:?}"),
+    }
+    assert!(refused.as_ref().is_err_and(Error::is_transient), "worth retrying later");
+    // The transaction is intact: critical events go in, even past the capacity.
+    for id in 5..8 {
+        outbox.append(&mut tx, &blob(id)).await.expect("critical events are never refused");
+    }
+    tx.commit().await.expect("commit");
+    assert_eq!(outbox_rows(&pool).await, 7, "the refused event was not appended");
+
+    // Once the relay has published the backlog, non-critical events are accepted again.
+    sqlx::query("UPDATE outbox SET status = 'published', published_at = now()")
+        .execute(&pool)
+        .await
+        .expect("publish");
+    let mut tx = pool.begin().await.expect("begin");
+    outbox.append_with(&mut tx, &blob(9), non_critical()).await.expect("room again");
+    tx.commit().await.expect("commit");
+
+    // A bytes capacity below the table's size refuses at once.
+    let tiny =
+        Outbox::new(OutboxConfig::default().capacity(outbox_runtime::Capacity::Bytes(1024))).expect("outbox");
+    let mut tx = pool.begin().await.expect("begin");
+    let err = tiny.append_with(&mut tx, &blob(10), non_critical()).await.expect_err("over");
+    assert!(err.to_string().contains("bytes): non-critical event test.blob refused"), "{err}");
+}

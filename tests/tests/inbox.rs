@@ -385,6 +385,68 @@ async fn operator_retry_and_discard_release_held_messages_in_order(pool: PgPool)
 }
 
 #[sqlx::test(migrations = false)]
+async fn operator_requests_from_another_process_are_carried_out_by_the_running_consumer(pool: PgPool) {
+    // Fault: permanent handler errors park the first credits of two accounts. Invariant 9
+    // through the operator commands: a retry requested from outside (no handlers there)
+    // and a discard are carried out by the running consumer, in key order.
+    let s = setup(&pool).await;
+    sqlx::query("INSERT INTO blocked_accounts VALUES ('acc-a'), ('acc-c')")
+        .execute(&pool)
+        .await
+        .expect("block");
+    s.credit("acc-a", 1, None).await;
+    s.credit("acc-a", 2, None).await;
+    s.credit("acc-c", 100, None).await;
+    s.credit("acc-c", 101, None).await;
+    let ledger = Ledger::default();
+    let config = s.config("requests").operator_poll_interval(Duration::from_millis(100));
+    let (running, _) = start(&pool, config, &ledger).await;
+    let stats = running.stats.clone();
+    assert!(eventually(Duration::from_secs(30), || async { stats.parked() == 2 && stats.held() == 2 }).await);
+
+    // The operator's side: only the database.
+    let admin =
+        outbox_runtime::inbox::InboxAdmin::new(pool.clone(), "public", "inbox", "requests").expect("admin");
+    let parked = admin.parked().await.expect("parked");
+    let head = |key: &str| {
+        parked
+            .iter()
+            .find(|p| p.status == "parked" && p.record_key.as_deref() == Some(key.as_bytes()))
+            .expect("head")
+            .id
+    };
+    let held_a = parked
+        .iter()
+        .find(|p| p.status == "held" && p.record_key.as_deref() == Some(&b"acc-a"[..]))
+        .expect("held")
+        .id;
+    assert!(
+        matches!(admin.request_retry(held_a).await, Err(outbox_runtime::Error::Config(_))),
+        "held: release the head first"
+    );
+    assert!(matches!(admin.request_retry(999_999).await, Err(outbox_runtime::Error::NotFound(_))));
+
+    // Retried while still blocked: carried out, parked again, the request cleared.
+    admin.request_retry(head("acc-a")).await.expect("request");
+    let cleared = || async { admin.parked().await.expect("parked").iter().all(|p| !p.retry_requested) };
+    assert!(eventually(Duration::from_secs(30), cleared).await, "the consumer took the request");
+    assert!(credits(&pool).await.is_empty(), "still blocked: nothing applied");
+
+    sqlx::query("DELETE FROM blocked_accounts").execute(&pool).await.expect("unblock");
+    admin.request_retry(head("acc-a")).await.expect("request");
+    let discarded = admin.discard(head("acc-c"), "refunded by hand").await.expect("discard");
+    assert_eq!(discarded.held_behind, 1);
+    let expected = [("acc-a".to_owned(), 1), ("acc-a".to_owned(), 2), ("acc-c".to_owned(), 101)];
+    assert!(
+        eventually(Duration::from_secs(30), || async { credits(&pool).await == expected }).await,
+        "retried and released in order: {:?}",
+        credits(&pool).await
+    );
+    assert!(admin.parked().await.expect("parked").is_empty(), "nothing left parked or held");
+    running.shutdown().await;
+}
+
+#[sqlx::test(migrations = false)]
 async fn stale_versions_are_absorbed_and_gaps_counted(pool: PgPool) {
     let s = setup(&pool).await;
     for (amount, version) in [(1, 1), (3, 3), (2, 2), (4, 4)] {

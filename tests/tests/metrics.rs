@@ -22,12 +22,19 @@ fn snapshotter() -> &'static Snapshotter {
     })
 }
 
-/// One snapshot (taking it drains the histograms), by metric name: gauges and counters as
-/// one number, histograms as their samples.
+/// One snapshot (taking it drains the histograms and counters), by metric name: gauges and counters as
+/// one number, histograms as their samples. Labelled series are keyed
+/// `name{label=value,...}`.
 fn snapshot() -> std::collections::BTreeMap<String, Vec<f64>> {
     let mut by_name: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
     for (key, _, _, value) in snapshotter().snapshot().into_vec() {
-        let values = by_name.entry(key.key().name().to_owned()).or_default();
+        let labels: Vec<String> = key.key().labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+        let name = if labels.is_empty() {
+            key.key().name().to_owned()
+        } else {
+            format!("{}{{{}}}", key.key().name(), labels.join(","))
+        };
+        let values = by_name.entry(name).or_default();
         match value {
             DebugValue::Gauge(g) => values.push(g.into_inner()),
             #[allow(clippy::cast_precision_loss)]
@@ -56,7 +63,12 @@ async fn append(pool: &PgPool, id: &str, n: i64) {
 #[sqlx::test(migrations = false)]
 async fn gauges_match_a_known_state_and_the_relay_counts_what_it_publishes(pool: PgPool) {
     snapshotter();
-    let outbox = migrate(&pool).await;
+    migrate(&pool).await;
+    // A capacity of 10 unpublished rows, so the forecast gauges are set too.
+    let outbox = outbox_runtime::Outbox::new(
+        outbox_runtime::OutboxConfig::default().capacity(outbox_runtime::Capacity::Rows(10)),
+    )
+    .expect("outbox");
     append(&pool, "gauge", 3).await;
     sqlx::query("UPDATE outbox SET created_at = now() - interval '10 seconds'")
         .execute(&pool)
@@ -69,6 +81,14 @@ async fn gauges_match_a_known_state_and_the_relay_counts_what_it_publishes(pool:
     assert_eq!(metrics["outbox_failed"], [0.0]);
     let age = &metrics["outbox_oldest_unpublished_age_seconds"];
     assert!(age.len() == 1 && age[0] >= 10.0 && age[0] < 60.0, "oldest is 10 s old: {age:?}");
+    // 3 appended in the 5-minute window, none published: 3 of 10 rows, growing 0.01/s,
+    // full in 700 s.
+    assert_eq!(metrics["outbox_capacity_used_ratio"], [0.3]);
+    let to_full = metrics["outbox_capacity_seconds_to_full"][0];
+    assert!((to_full - 700.0).abs() < 1e-6, "{to_full}");
+    assert!((metrics["outbox_appended_per_second"][0] * 300.0 - 3.0).abs() < 1e-9);
+    assert!(metrics["outbox_table_bytes"][0] > 8192.0, "{:?}", metrics["outbox_table_bytes"]);
+    assert_eq!(metrics["outbox_dead_tuples"].len(), 1);
 
     let kafka = Kafka::start();
     kafka.create_topic("outbox-test-steps", 1).await;
@@ -94,4 +114,34 @@ async fn gauges_match_a_known_state_and_the_relay_counts_what_it_publishes(pool:
         "the three old events waited 10 s and more"
     );
     assert!(!metrics["outbox_relay_batch_seconds"].is_empty());
+    assert_eq!(metrics["outbox_publish_attempts"], [1.0; 7], "each went out at its first attempt");
+    assert_eq!(metrics["outbox_republished_total"], [0.0], "nothing was sent twice");
+
+    // A consumer reads the 7 events: its lag per partition reaches 0 once it has committed.
+    let inbox = outbox_runtime::inbox::Inbox::new(
+        pool.clone(),
+        outbox_runtime::inbox::InboxConfig::new("metrics", kafka.bootstrap(), ["outbox-test-steps"])
+            .commit_interval(Duration::from_millis(100)),
+        outbox_runtime::inbox::Handlers::new().ignore("test.step"),
+    )
+    .expect("inbox");
+    inbox.migrator().run(&pool).await.expect("inbox tables");
+    let stats = inbox.stats();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(inbox.run(stop.clone()));
+    assert!(eventually(Duration::from_secs(30), || async { stats.ignored() == 7 }).await);
+    // Taken before the lag is polled: a snapshot drains the counters.
+    let metrics = snapshot();
+    assert_eq!(metrics["inbox_messages_total{consumer=metrics,outcome=ignored}"], [7.0]);
+    let lag = "inbox_consumer_lag{consumer=metrics,topic=outbox-test-steps,partition=0}";
+    let mut last = None;
+    let caught_up = eventually(Duration::from_secs(30), || {
+        let values = snapshot().get(lag).cloned();
+        last.clone_from(&values);
+        async move { values == Some(vec![0.0]) }
+    })
+    .await;
+    assert!(caught_up, "lag never reported 0, last {last:?}");
+    stop.cancel();
+    task.await.expect("task").expect("inbox");
 }

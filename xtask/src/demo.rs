@@ -7,13 +7,14 @@
 //! `KAFKA_BROKERS` if set, else an in-process mock cluster.
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use clap::Args;
 use outbox_examples::events::{OrderLine, Payment};
 use outbox_examples::orders::{self, Confirmed, NewOrder};
 use outbox_examples::{consumer_process, projection};
 use outbox_runtime::inbox::Inbox;
+use outbox_runtime::ops::InboxSide;
 use outbox_runtime::relay::{Relay, RelayConfig};
 use outbox_runtime::Outbox;
 use rdkafka::mocking::MockCluster;
@@ -187,7 +188,31 @@ async fn demo(count: usize) -> Result<bool, Failure> {
         max_applications.unwrap_or(0),
         elapsed.as_secs_f64()
     );
-    let ok = projected == confirmed as i64 && max_applications == Some(1) && inbox_stats.parked() == 0;
+    // 5. What an operator sees: `outbox status` and `outbox reconcile` against the inbox.
+    let status = outbox.status(&orders_db).await?;
+    println!(
+        "5. operator: pending {}, failed {}, published {}, oldest unpublished {}, table {} kB",
+        status.pending,
+        status.failed,
+        status.published,
+        status.oldest_unpublished_age_seconds.map_or("-".to_owned(), |s| format!("{s:.1} s")),
+        status.table_bytes / 1024
+    );
+    let hour = Duration::from_secs(3600);
+    let side = InboxSide::new(projection_db.clone(), "public", "inbox", projection::CONSUMER)?;
+    let reconciled =
+        outbox.reconcile(&orders_db, SystemTime::now() - hour, SystemTime::now() + hour, Some(&side)).await?;
+    println!(
+        "     reconcile: {} difference(s); not consumed by {}: {}",
+        reconciled.differences,
+        projection::CONSUMER,
+        reconciled.not_consumed.join(", ")
+    );
+    println!("     see for yourself: cargo run -p outbox-runtime --features cli --bin outbox -- --database-url {orders_url} status");
+    let ok = projected == confirmed as i64
+        && max_applications == Some(1)
+        && inbox_stats.parked() == 0
+        && reconciled.differences == 0;
     if ok {
         println!("\ndemo ok: {confirmed} orders confirmed -> {confirmed} order.confirmed events published -> {rows} applied once each");
     } else {
