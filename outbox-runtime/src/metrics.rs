@@ -92,3 +92,61 @@ pub fn install_prometheus(addr: std::net::SocketAddr) -> Result<()> {
         .and_then(PrometheusBuilder::install)
         .map_err(|e| crate::Error::Config(format!("cannot serve metrics on {addr}: {e}")))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    const SOURCE: &str = include_str!("metrics.rs");
+    const DASHBOARD: &str = include_str!("../dashboards/outbox.json");
+
+    /// Metric names in `text`: `outbox_...` or `inbox_...` identifiers, without the
+    /// Prometheus histogram suffixes.
+    fn names(text: &str) -> BTreeSet<String> {
+        let mut found = BTreeSet::new();
+        let bytes = text.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            let starts = text[i..].starts_with("outbox_") || text[i..].starts_with("inbox_");
+            let boundary = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_');
+            if starts && boundary {
+                let end = text[i..]
+                    .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+                    .map_or(text.len(), |n| i + n);
+                let name = &text[i..end];
+                let name =
+                    ["_bucket", "_sum", "_count"].iter().fold(name, |n, s| n.strip_suffix(s).unwrap_or(n));
+                if !name.ends_with('_') {
+                    found.insert(name.to_owned());
+                }
+                i = end;
+            } else {
+                i += 1;
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn the_dashboard_shows_every_metric_and_only_metrics_that_exist() {
+        let dashboard: serde_json::Value = serde_json::from_str(DASHBOARD).expect("the dashboard is JSON");
+        let exprs: Vec<&str> = dashboard["panels"]
+            .as_array()
+            .expect("panels")
+            .iter()
+            .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+            .filter_map(|t| t["expr"].as_str())
+            .collect();
+        let on_dashboard = names(&exprs.join("\n"));
+        // Emitted: a string literal in this module (constants and gauge! calls).
+        let emitted: BTreeSet<String> =
+            names(SOURCE).into_iter().filter(|n| SOURCE.contains(&format!("\"{n}\""))).collect();
+        assert!(emitted.len() >= 20, "{emitted:?}");
+        let unknown: Vec<_> = on_dashboard.difference(&emitted).collect();
+        assert!(unknown.is_empty(), "the dashboard queries metrics nothing emits: {unknown:?}");
+        let missing: Vec<_> = emitted.difference(&on_dashboard).collect();
+        assert!(missing.is_empty(), "metrics missing from the dashboard: {missing:?}");
+        let undocumented: Vec<_> = emitted.iter().filter(|n| !SOURCE.contains(&format!("`{n}`"))).collect();
+        assert!(undocumented.is_empty(), "metrics missing from the table above: {undocumented:?}");
+    }
+}
