@@ -80,19 +80,28 @@ pub async fn place(pool: &PgPool, outbox: &Outbox, order: &NewOrder) -> Result<U
     Ok(id)
 }
 
+/// The confirm transition: only a pending order changes, and the new version comes back.
+const CONFIRM: &str = "UPDATE orders SET status = 'confirmed', version = version + 1 \
+                       WHERE id = $1 AND status = 'pending' \
+                       RETURNING version, total_cents, currency, payment";
+
+/// [`confirm`] without the outbox: the same transaction, the same UPDATE, no event. It
+/// exists as the baseline of the `append_overhead` benchmark (`cargo xtask bench`).
+pub async fn confirm_without_event(pool: &PgPool, order_id: Uuid) -> Result<bool, OrderError> {
+    let mut tx = pool.begin().await?;
+    let row: Option<(i64, i64, String, serde_json::Value)> =
+        sqlx::query_as(CONFIRM).bind(order_id).fetch_optional(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(row.is_some())
+}
+
 /// Confirms a pending order. The conditional UPDATE lets exactly one of any number of
 /// concurrent calls record the transition, and its event is appended in the same
 /// transaction, with the version the UPDATE returned.
 pub async fn confirm(pool: &PgPool, outbox: &Outbox, order_id: Uuid) -> Result<Confirmed, OrderError> {
     let mut tx = pool.begin().await?;
-    let row: Option<(i64, i64, String, serde_json::Value)> = sqlx::query_as(
-        "UPDATE orders SET status = 'confirmed', version = version + 1 \
-         WHERE id = $1 AND status = 'pending' \
-         RETURNING version, total_cents, currency, payment",
-    )
-    .bind(order_id)
-    .fetch_optional(&mut *tx)
-    .await?;
+    let row: Option<(i64, i64, String, serde_json::Value)> =
+        sqlx::query_as(CONFIRM).bind(order_id).fetch_optional(&mut *tx).await?;
     let Some((version, total_cents, currency, payment)) = row else {
         tx.rollback().await?;
         return Ok(Confirmed::NotPending);

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 // Linked for its registered events.
 use outbox_examples as _;
 
+mod bench;
 mod broker;
 mod chaos;
 mod demo;
@@ -33,6 +34,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Runs service, 2 relays and 2 consumers as processes, kills them at random, checks nothing is lost or applied twice.
     Chaos(chaos::ChaosArgs),
+    /// Benchmarks: the outbox's costs as ratios against baselines measured in the same run.
+    Bench(bench::BenchArgs),
     /// Generates consumer types from the committed schemas (or checks them with --check).
     Typegen(typegen::TypegenArgs),
 }
@@ -66,5 +69,6 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Chaos(args) => chaos::run(args),
         Command::Typegen(args) => typegen::run(args),
+        Command::Bench(args) => bench::run(args),
     }
 }

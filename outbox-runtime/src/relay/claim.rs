@@ -85,6 +85,8 @@ impl Statements {
             // Due pending rows of held partitions, oldest first, skipping every aggregate
             // whose earlier event is failed or waiting for its retry: per-aggregate order.
             // An earlier due row has a lower id, so it is in the batch whenever a later one is.
+            // The first blocker condition is the predicate of the `blocked` index, which
+            // keeps the check O(blocked rows) whatever the backlog.
             claim: sql(format!(
                 "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version, \
                         o.event_type, o.schema_version, o.topic, o.payload::text AS payload, \
@@ -96,7 +98,8 @@ impl Statements {
                    AND NOT EXISTS ( \
                      SELECT 1 FROM {outbox} p \
                      WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id \
-                       AND p.status IN ('pending', 'failed') AND p.id < o.id \
+                       AND p.id < o.id \
+                       AND (p.status = 'failed' OR (p.status = 'pending' AND p.next_attempt_at > '-infinity')) \
                        AND (p.status = 'failed' OR p.next_attempt_at > now())) \
                  ORDER BY o.id LIMIT $2"
             )),

@@ -22,6 +22,8 @@
 //! ```
 
 mod backoff;
+#[doc(hidden)]
+pub mod bench;
 mod claim;
 mod lease;
 mod publish;

@@ -1,0 +1,99 @@
+//! Hooks for `cargo xtask bench`: the relay's own statements and producer, run one piece at
+//! a time, so that the benchmarks compare the relay with baselines built from the same
+//! parts. Not public API.
+
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use rdkafka::producer::FutureRecord;
+use sqlx::PgPool;
+
+use super::claim::{Row, Statements};
+use super::{publish, RelayConfig};
+use crate::error::Result;
+use crate::outbox::Outbox;
+
+/// Runs the relay's claim statement once over every work partition, `limit` rows; returns
+/// how many rows it read and how long it took.
+pub async fn claim_once(pool: &PgPool, outbox: &Outbox, limit: i64) -> Result<(usize, Duration)> {
+    let statements = Statements::new(outbox.names());
+    let partitions: Vec<i32> =
+        (0..i32::try_from(outbox.config().work_partitions).unwrap_or(i32::MAX)).collect();
+    let started = Instant::now();
+    let rows = statements.claim(pool, &partitions, limit).await?;
+    Ok((rows.len(), started.elapsed()))
+}
+
+/// The raw producer baseline: reads every pending row, then sends them all at once with the relay's producer settings, keys and headers, and
+/// waits for every acknowledgement. Nothing is marked. Returns the records acknowledged and
+/// the time from the first send to the last acknowledgement.
+pub async fn raw_produce(pool: &PgPool, outbox: &Outbox, config: &RelayConfig) -> Result<(usize, Duration)> {
+    // Everything pending, in id order, with the columns the relay reads.
+    let rows: Vec<Row> = sqlx::query_as(crate::table::sql(format!(
+        "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type, \
+                o.schema_version, o.topic, o.payload::text AS payload, o.headers::text AS headers, \
+                to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS created_at, \
+                o.attempts, o.work_partition \
+         FROM {} o WHERE o.status = 'pending' ORDER BY o.id",
+        outbox.names().outbox
+    )))
+    .fetch_all(pool)
+    .await?;
+    let producer = publish::producer(&config.brokers, config.message_timeout, &config.producer)?;
+    let started = Instant::now();
+    let deliveries = rows.iter().map(|row| {
+        let record = FutureRecord::to(&row.topic)
+            .key(row.aggregate_id.as_bytes())
+            .payload(row.payload.as_bytes())
+            .headers(publish::headers(row, &config.source));
+        producer.send(record, Duration::from_secs(60))
+    });
+    let results = join_all(deliveries).await;
+    let elapsed = started.elapsed();
+    let acked = results.iter().filter(|r| r.is_ok()).count();
+    Ok((acked, elapsed))
+}
+
+/// The database baseline: marks every pending row published with the relay's own claim
+/// and fenced mark statements, `batch` rows at a time, with no Kafka at all (placements
+/// are made up). Takes every work partition lease for the run and frees them after.
+/// Returns the rows marked and the time it took.
+pub async fn mark_all(pool: &PgPool, outbox: &Outbox, batch: i64) -> Result<(u64, Duration)> {
+    use super::claim::{Fence, Marks, Placement};
+    let statements = Statements::new(outbox.names());
+    let owner = uuid::Uuid::new_v4();
+    let leases = &outbox.names().leases;
+    let held: Vec<(i32, i64)> = sqlx::query_as(crate::table::sql(format!(
+        "UPDATE {leases} SET owner = $1, token = token + 1, expires_at = now() + interval '1 hour' \
+         RETURNING work_partition, token"
+    )))
+    .bind(owner)
+    .fetch_all(pool)
+    .await?;
+    let fence = Fence {
+        relay_id: owner,
+        partitions: held.iter().map(|(p, _)| *p).collect(),
+        tokens: held.iter().map(|(_, t)| *t).collect(),
+    };
+    let started = Instant::now();
+    let mut marked = 0;
+    loop {
+        let rows = statements.claim(pool, &fence.partitions, batch).await?;
+        if rows.is_empty() {
+            break;
+        }
+        let marks = Marks {
+            published: rows.iter().map(|r| (r.id, Placement { partition: 0, offset: r.id })).collect(),
+            ..Marks::default()
+        };
+        marked += statements.mark(pool, &marks, &fence).await?.published;
+    }
+    let elapsed = started.elapsed();
+    sqlx::query(crate::table::sql(format!(
+        "UPDATE {leases} SET owner = NULL, expires_at = '-infinity' WHERE owner = $1"
+    )))
+    .bind(owner)
+    .execute(pool)
+    .await?;
+    Ok((marked, elapsed))
+}
