@@ -71,7 +71,9 @@ const FULL: Sizes = Sizes {
     claim_large: 1_000_000,
     claims: 30,
     steady_seconds: 30,
-    inbox_events: 20_000,
+    // Tansu 0.6 stopped serving consumer groups in our runs once it held 20,000 records
+    // of 1 KiB (see BENCHMARKS.md); its fetch rate, not the count, bounds this figure.
+    inbox_events: 3_000,
 };
 
 const QUICK: Sizes = Sizes {
@@ -101,7 +103,11 @@ pub(crate) fn run(args: BenchArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(bench(&args)) {
+    let result = runtime.block_on(bench(&args));
+    // A Kafka client closing against a broker that stopped answering blocks its thread;
+    // do not wait for it.
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bench failed: {e}");
@@ -628,6 +634,7 @@ async fn raw_consume(pool: &PgPool, bootstrap: &str, topic: &str, n: i64) -> Res
         .set("enable.auto.commit", "true")
         .create()?;
     consumer.subscribe(&[topic])?;
+    let consumer = Arc::new(consumer);
     let done = Arc::new(std::sync::atomic::AtomicI64::new(0));
     let mut workers: BTreeMap<i32, mpsc::Sender<(i32, i64, Option<String>)>> = BTreeMap::new();
     let mut tasks = Vec::new();

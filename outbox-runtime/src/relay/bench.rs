@@ -20,11 +20,11 @@ pub async fn claim_once(pool: &PgPool, outbox: &Outbox, limit: i64) -> Result<(u
     let partitions: Vec<i32> =
         (0..i32::try_from(outbox.config().work_partitions).unwrap_or(i32::MAX)).collect();
     let started = Instant::now();
-    let rows = statements.claim(pool, &partitions, limit).await?;
+    let rows = statements.claim(pool, &partitions, limit, &[]).await?;
     Ok((rows.len(), started.elapsed()))
 }
 
-/// The raw producer baseline: reads every pending row, then sends them all at once with the relay's producer settings, keys and headers, and
+/// The raw producer baseline: reads every pending row, then sends them all at once with the relay's producer settings (but a long message timeout), keys and headers, and
 /// waits for every acknowledgement. Nothing is marked. Returns the records acknowledged and
 /// the time from the first send to the last acknowledgement.
 pub async fn raw_produce(pool: &PgPool, outbox: &Outbox, config: &RelayConfig) -> Result<(usize, Duration)> {
@@ -39,7 +39,9 @@ pub async fn raw_produce(pool: &PgPool, outbox: &Outbox, config: &RelayConfig) -
     )))
     .fetch_all(pool)
     .await?;
-    let producer = publish::producer(&config.brokers, config.message_timeout, &config.producer)?;
+    // The relay's settings, except the message timeout: the whole backlog waits in
+    // librdkafka's queue at once here, while the relay never queues more than a batch.
+    let producer = publish::producer(&config.brokers, Duration::from_secs(600), &config.producer)?;
     let started = Instant::now();
     let deliveries = rows.iter().map(|row| {
         let record = FutureRecord::to(&row.topic)
@@ -78,7 +80,7 @@ pub async fn mark_all(pool: &PgPool, outbox: &Outbox, batch: i64) -> Result<(u64
     let started = Instant::now();
     let mut marked = 0;
     loop {
-        let rows = statements.claim(pool, &fence.partitions, batch).await?;
+        let rows = statements.claim(pool, &fence.partitions, batch, &[]).await?;
         if rows.is_empty() {
             break;
         }

@@ -95,6 +95,7 @@ impl Statements {
                         o.attempts, o.work_partition \
                  FROM {outbox} o \
                  WHERE o.status = 'pending' AND o.work_partition = ANY($1) AND o.next_attempt_at <= now() \
+                   AND o.id <> ALL($3) \
                    AND NOT EXISTS ( \
                      SELECT 1 FROM {outbox} p \
                      WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id \
@@ -127,8 +128,21 @@ impl Statements {
         }
     }
 
-    pub(crate) async fn claim(&self, pool: &PgPool, partitions: &[i32], limit: i64) -> Result<Vec<Row>> {
-        Ok(sqlx::query_as(self.claim.clone()).bind(partitions).bind(limit).fetch_all(pool).await?)
+    /// Due rows of `partitions`, at most `limit`, leaving out `marking` (published rows
+    /// whose mark is still being written).
+    pub(crate) async fn claim(
+        &self,
+        pool: &PgPool,
+        partitions: &[i32],
+        limit: i64,
+        marking: &[i64],
+    ) -> Result<Vec<Row>> {
+        Ok(sqlx::query_as(self.claim.clone())
+            .bind(partitions)
+            .bind(limit)
+            .bind(marking)
+            .fetch_all(pool)
+            .await?)
     }
 }
 

@@ -73,7 +73,7 @@ impl RelayConfig {
     pub fn new(brokers: impl Into<String>) -> Self {
         RelayConfig {
             brokers: brokers.into(),
-            batch_size: 500,
+            batch_size: 2000,
             poll_interval: Duration::from_secs(1),
             lease_ttl: Duration::from_secs(30),
             message_timeout: Duration::from_secs(10),
@@ -86,7 +86,7 @@ impl RelayConfig {
         }
     }
 
-    /// Most rows read and published per batch. Default: 500.
+    /// Most rows read and published per batch. Default: 2,000.
     #[must_use]
     pub fn batch_size(mut self, rows: u32) -> Self {
         self.batch_size = rows;
@@ -224,7 +224,9 @@ pub struct Relay {
     config: RelayConfig,
     producer: FutureProducer,
     leases: Leases,
-    sql: Statements,
+    sql: Arc<Statements>,
+    /// The ids of the last batch while its mark is written in the background, and the task.
+    marking: Option<(Vec<i64>, tokio::task::JoinHandle<()>)>,
     stats: Arc<RelayStats>,
 }
 
@@ -250,8 +252,8 @@ impl Relay {
         let producer = publish::producer(&config.brokers, config.message_timeout, &config.producer)?;
         let names = outbox.names();
         let leases = Leases::new(names, Uuid::new_v4(), config.lease_ttl);
-        let sql = Statements::new(names);
-        Ok(Relay { pool, outbox, config, producer, leases, sql, stats: Arc::default() })
+        let sql = Arc::new(Statements::new(names));
+        Ok(Relay { pool, outbox, config, producer, leases, sql, marking: None, stats: Arc::default() })
     }
 
     /// This relay's counters.
@@ -289,6 +291,8 @@ impl Relay {
         while !shutdown.is_cancelled() {
             if Instant::now() >= next_maintain {
                 next_maintain = Instant::now() + renew_every;
+                // Marks are written under the leases they were fenced with: finish them first.
+                self.finish_marking().await;
                 if let Err(error) = self.outbox.record_gauges(&self.pool).await {
                     debug!(stage = "metrics", %error, "could not read the outbox status");
                 }
@@ -308,7 +312,12 @@ impl Relay {
             let rows = if partitions.is_empty() {
                 Vec::new()
             } else {
-                match self.sql.claim(&self.pool, &partitions, i64::from(self.config.batch_size)).await {
+                let marking = self.marking.as_ref().map_or(&[][..], |(ids, _)| ids.as_slice());
+                match self
+                    .sql
+                    .claim(&self.pool, &partitions, i64::from(self.config.batch_size), marking)
+                    .await
+                {
                     Ok(rows) => rows,
                     Err(error) => {
                         warn!(relay_id = %self.id(), stage = "claim", %error, "reading due events failed");
@@ -323,6 +332,11 @@ impl Relay {
                 }
             };
             if rows.is_empty() {
+                if self.marking.is_some() {
+                    // Nothing new: wait for the last mark instead of polling past it.
+                    self.finish_marking().await;
+                    continue;
+                }
                 let until_maintain = next_maintain.saturating_duration_since(Instant::now());
                 tokio::select! {
                     () = wake.notified() => {}
@@ -346,12 +360,22 @@ impl Relay {
             }
         }
 
+        self.finish_marking().await;
         if let Err(error) = self.leases.release_all(&self.pool).await {
             warn!(relay_id = %self.id(), stage = "shutdown", %error, "could not release leases; they expire by themselves");
         }
         tracker.wait().await;
         info!(relay_id = %self.id(), published = self.stats.published(), "relay stopped");
         Ok(())
+    }
+
+    /// Waits until the last batch's background mark is written.
+    async fn finish_marking(&mut self) {
+        if let Some((_, task)) = self.marking.take() {
+            if let Err(error) = task.await {
+                warn!(relay_id = %self.id(), stage = "mark", %error, "the mark task failed; its rows will be published again");
+            }
+        }
     }
 
     async fn pause(&self, delay: Duration, shutdown: &CancellationToken) {
@@ -404,25 +428,25 @@ impl Relay {
             }
             let (partitions, tokens) = self.leases.fence();
             let fence = Fence { relay_id: self.id(), partitions, tokens };
-            match self.sql.mark(&self.pool, &marks, &fence).await {
-                Ok(marked) => {
-                    metrics::counter!(crate::metrics::PUBLISHED).increment(marked.published);
-                    self.stats.published.fetch_add(marked.published, Ordering::Relaxed);
-                    self.stats.retried.fetch_add(marked.retry, Ordering::Relaxed);
-                    self.stats.failed.fetch_add(marked.failed, Ordering::Relaxed);
-                    let asked = (marks.published.len() + marks.retry.len() + marks.failed.len()) as u64;
-                    let done = marked.published + marked.retry + marked.failed;
-                    if done < asked {
-                        self.stats.fenced.fetch_add(asked - done, Ordering::Relaxed);
-                        metrics::counter!(crate::metrics::FENCED).increment(asked - done);
-                        warn!(relay_id = %self.id(), stage = "mark", unmarked = asked - done,
-                              "rows not marked: their partition's lease passed to another relay, which publishes them again");
-                    }
-                }
-                Err(error) => {
-                    // Published but unmarked rows are published again later: a duplicate, never a loss.
-                    warn!(relay_id = %self.id(), stage = "mark", %error, "marking the batch failed; its rows will be published again");
-                }
+            // The previous batch's mark goes first: marks are written in batch order.
+            self.finish_marking().await;
+            let recorder = Recorder {
+                sql: self.sql.clone(),
+                pool: self.pool.clone(),
+                stats: self.stats.clone(),
+                relay_id: self.id(),
+            };
+            if marks.retry.is_empty() && marks.failed.is_empty() {
+                // Every row was acknowledged: no later row of these aggregates waits on this
+                // mark, so the next batch is claimed (without these rows) and sent while it
+                // is written. A crash before it commits republishes them: duplicates only.
+                let ids = marks.published.iter().map(|(id, _)| *id).collect();
+                let task = tokio::spawn(async move { recorder.record(&marks, &fence).await }.in_current_span());
+                self.marking = Some((ids, task));
+            } else {
+                // A retry or failure mark must be written before the next claim: it is what
+                // holds the aggregate's later events back.
+                recorder.record(&marks, &fence).await;
             }
             if let Some(reason) = publish::fatal(&self.producer) {
                 warn!(relay_id = %self.id(), stage = "publish", %reason, "producer fatal error; creating a new producer");
@@ -454,6 +478,39 @@ impl Relay {
             }
         }
         results
+    }
+}
+
+/// Writes a batch's marks and counts them.
+struct Recorder {
+    sql: Arc<Statements>,
+    pool: PgPool,
+    stats: Arc<RelayStats>,
+    relay_id: Uuid,
+}
+
+impl Recorder {
+    async fn record(&self, marks: &Marks, fence: &Fence) {
+        match self.sql.mark(&self.pool, marks, fence).await {
+            Ok(marked) => {
+                metrics::counter!(crate::metrics::PUBLISHED).increment(marked.published);
+                self.stats.published.fetch_add(marked.published, Ordering::Relaxed);
+                self.stats.retried.fetch_add(marked.retry, Ordering::Relaxed);
+                self.stats.failed.fetch_add(marked.failed, Ordering::Relaxed);
+                let asked = (marks.published.len() + marks.retry.len() + marks.failed.len()) as u64;
+                let done = marked.published + marked.retry + marked.failed;
+                if done < asked {
+                    self.stats.fenced.fetch_add(asked - done, Ordering::Relaxed);
+                    metrics::counter!(crate::metrics::FENCED).increment(asked - done);
+                    warn!(relay_id = %self.relay_id, stage = "mark", unmarked = asked - done,
+                          "rows not marked: their partition's lease passed to another relay, which publishes them again");
+                }
+            }
+            Err(error) => {
+                // Published but unmarked rows are published again later: a duplicate, never a loss.
+                warn!(relay_id = %self.relay_id, stage = "mark", %error, "marking the batch failed; its rows will be published again");
+            }
+        }
     }
 }
 

@@ -43,7 +43,7 @@ async fn a_relay_whose_lease_expired_cannot_mark_rows_taken_over(pool: PgPool) {
     let sql = Statements::new(outbox.names());
     let mut a = Leases::new(outbox.names(), Uuid::new_v4(), TTL);
     assert_eq!(a.maintain(&pool).await.expect("maintain").acquired, [0]);
-    let rows = sql.claim(&pool, &a.partitions(Duration::ZERO), 10).await.expect("claim");
+    let rows = sql.claim(&pool, &a.partitions(Duration::ZERO), 10, &[]).await.expect("claim");
     assert_eq!(rows.len(), 2);
 
     let mut b = Leases::new(outbox.names(), Uuid::new_v4(), TTL);
