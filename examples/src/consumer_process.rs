@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::events::OrderConfirmed;
 use crate::projection;
-use crate::relay_process::{init_logging, serve_metrics_from_env, wait_for_signal, DEFAULT_DATABASE_URL};
+use crate::relay_process::{init_logging, serve_metrics_from_env, DEFAULT_DATABASE_URL};
 use outbox_runtime::OutboxEvent;
 
 /// The projection's inbox configuration for `brokers`.
@@ -46,11 +46,7 @@ pub fn main_from_env() -> ExitCode {
         let inbox = Inbox::new(pool.clone(), inbox_config(&brokers), projection::handlers())?;
         inbox.migrator().run(&pool).await?;
         let shutdown = CancellationToken::new();
-        let stop = shutdown.clone();
-        let signal = tokio::spawn(async move {
-            wait_for_signal().await;
-            stop.cancel();
-        });
+        let signal = outbox_runtime::signal::cancel_on_signal(shutdown.clone());
         let result = inbox.run(shutdown).await;
         signal.abort();
         result

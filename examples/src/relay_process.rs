@@ -93,11 +93,7 @@ pub fn main_from_env() -> ExitCode {
         outbox.migrator().run(&pool).await?;
         let relay = Relay::new(pool, outbox, config)?;
         let shutdown = CancellationToken::new();
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            wait_for_signal().await;
-            stop.cancel();
-        });
+        outbox_runtime::signal::cancel_on_signal(shutdown.clone());
         relay.run(shutdown).await
     });
     match result {
@@ -107,20 +103,4 @@ pub fn main_from_env() -> ExitCode {
             ExitCode::from(1)
         }
     }
-}
-
-/// Waits for SIGTERM or Ctrl-C.
-pub async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }

@@ -527,29 +527,9 @@ async fn relay(outbox: Outbox, pool: PgPool, args: RelayArgs) -> Result<ExitCode
         .cleanup(args.cleanup_after.map(|after| Cleanup::default().retention(after)));
     let relay = Relay::new(pool, outbox, config)?;
     let shutdown = CancellationToken::new();
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        stop.cancel();
-    });
+    crate::signal::cancel_on_signal(shutdown.clone());
     relay.run(shutdown).await?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Waits for SIGTERM or Ctrl-C.
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }
 
 async fn reconcile(outbox: &Outbox, pool: &PgPool, args: ReconcileArgs) -> Result<ExitCode, Fail> {

@@ -65,6 +65,8 @@ mod outbox;
 pub mod registry;
 pub mod relay;
 pub mod schema;
+#[cfg(feature = "signal")]
+pub mod signal;
 mod table;
 #[cfg(feature = "typegen")]
 pub mod typegen;

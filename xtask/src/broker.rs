@@ -76,24 +76,9 @@ pub(crate) fn run(args: BrokerArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    runtime.block_on(wait_for_signal());
+    runtime.block_on(outbox_runtime::signal::shutdown_signal());
     drop(cluster);
     ExitCode::SUCCESS
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
 
 #[cfg(test)]

@@ -128,6 +128,12 @@ impl Statements {
         }
     }
 
+    /// The claim statement, for plan checks.
+    #[cfg(test)]
+    pub(crate) fn claim_sql(&self) -> &str {
+        self.claim.as_str()
+    }
+
     /// Due rows of `partitions`, at most `limit`, leaving out `marking` (published rows
     /// whose mark is still being written).
     pub(crate) async fn claim(
