@@ -37,22 +37,25 @@ fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-async fn seed(pool: &PgPool) -> Vec<uuid::Uuid> {
+/// Appends one `Ping` per id (with a payload marker) to the default outbox, migrated first.
+async fn append_pings(pool: &PgPool, ids: &[String]) -> Vec<uuid::Uuid> {
     let outbox = Outbox::default_ref();
     outbox.migrator().run(pool).await.expect("migrate");
-    let events: Vec<NewEvent> = ["a", "a", "b", "c"]
+    let events: Vec<NewEvent> = ids
         .iter()
         .map(|id| {
-            NewEvent::new(
-                &Ping { id: (*id).into(), secret: "PAYLOAD-MARKER".into() },
-                AppendOptions::default(),
-            )
-            .expect("event")
+            NewEvent::new(&Ping { id: id.clone(), secret: "PAYLOAD-MARKER".into() }, AppendOptions::default())
+                .expect("event")
         })
         .collect();
     let mut tx = pool.begin().await.expect("begin");
     outbox.append_batch(&mut tx, &events).await.expect("append");
     tx.commit().await.expect("commit");
+    events.iter().map(NewEvent::event_id).collect()
+}
+
+async fn seed(pool: &PgPool) -> Vec<uuid::Uuid> {
+    let ids = append_pings(pool, &["a", "a", "b", "c"].map(String::from)).await;
     // a's first event failed permanently, holding a's second back; c is published; all 10 s old.
     sqlx::query(
         "UPDATE outbox SET created_at = now() - interval '10 seconds', \
@@ -64,7 +67,7 @@ async fn seed(pool: &PgPool) -> Vec<uuid::Uuid> {
     .execute(pool)
     .await
     .expect("states");
-    events.iter().map(NewEvent::event_id).collect()
+    ids
 }
 
 #[sqlx::test(migrations = false)]
@@ -178,18 +181,7 @@ async fn replay_dry_run_changes_nothing_and_replay_republishes_with_the_same_ids
 #[sqlx::test(migrations = false)]
 async fn purge_removes_only_old_published_and_discarded_events_and_replay_counts_them(pool: PgPool) {
     seed(&pool).await;
-    let mut tx = pool.begin().await.expect("begin");
-    let more: Vec<NewEvent> = (0..5)
-        .map(|i| {
-            NewEvent::new(
-                &Ping { id: format!("p{i}"), secret: "PAYLOAD-MARKER".into() },
-                AppendOptions::default(),
-            )
-            .expect("event")
-        })
-        .collect();
-    Outbox::default_ref().append_batch(&mut tx, &more).await.expect("append");
-    tx.commit().await.expect("commit");
+    append_pings(&pool, &(0..5).map(|i| format!("p{i}")).collect::<Vec<_>>()).await;
     // ids 5..9: 5, 6 published 8 days ago (purged); 7 published 6 days ago (kept);
     // 8 discarded, created 8 days ago (purged); 9 pending, created 8 days ago (kept).
     // Also 1 (failed) and 2, 3 (pending) become 8 days old: kept, never purged.
@@ -432,20 +424,7 @@ fn scrape(addr: std::net::SocketAddr) -> Option<String> {
 
 #[sqlx::test(migrations = false)]
 async fn relay_serves_prometheus_metrics_and_stops_on_sigterm(pool: PgPool) {
-    let outbox = Outbox::default_ref();
-    outbox.migrator().run(&pool).await.expect("migrate");
-    let events: Vec<NewEvent> = (0..3)
-        .map(|i| {
-            NewEvent::new(
-                &Ping { id: format!("m{i}"), secret: "PAYLOAD-MARKER".into() },
-                AppendOptions::default(),
-            )
-            .expect("event")
-        })
-        .collect();
-    let mut tx = pool.begin().await.expect("begin");
-    outbox.append_batch(&mut tx, &events).await.expect("append");
-    tx.commit().await.expect("commit");
+    append_pings(&pool, &(0..3).map(|i| format!("m{i}")).collect::<Vec<_>>()).await;
     let kafka = rdkafka::mocking::MockCluster::new(1).expect("mock cluster");
     kafka.create_topic(Ping::TOPIC, 1, 1).expect("topic");
     let addr = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port");

@@ -17,6 +17,9 @@ use crate::outbox::Outbox;
 const CHUNK: i64 = 10_000;
 /// Missing event ids listed per row at most.
 const LISTED: usize = 20;
+/// The hour of an event's creation, UTC, as reconcile reports it.
+const HOUR: &str =
+    "to_char(date_trunc('hour', created_at AT TIME ZONE 'UTC'), 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')";
 
 /// The consumer side of a reconciliation: its database and inbox.
 #[derive(Debug, Clone)]
@@ -100,8 +103,6 @@ impl Outbox {
     ) -> Result<Reconciliation> {
         let (t, cleaned) = (&self.names().outbox, &self.names().cleaned);
         let (since, until) = (epoch_seconds(since), epoch_seconds(until));
-        const HOUR: &str =
-            "to_char(date_trunc('hour', created_at AT TIME ZONE 'UTC'), 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')";
         let present = format!(
             "SELECT event_type, {HOUR}, count(*), count(*) FILTER (WHERE status = 'published'), \
                     count(*) FILTER (WHERE status IN ('pending', 'failed')), count(*) FILTER (WHERE status = 'discarded') \
@@ -175,8 +176,6 @@ impl Outbox {
         inbox: &InboxSide,
         rows: &mut BTreeMap<(String, String), ReconciliationRow>,
     ) -> Result<BTreeMap<(String, String), Vec<Uuid>>> {
-        const HOUR: &str =
-            "to_char(date_trunc('hour', created_at AT TIME ZONE 'UTC'), 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"')";
         let page = format!(
             "SELECT id, event_id, event_type, {HOUR} FROM {} \
              WHERE status = 'published' AND created_at >= to_timestamp($1) AND created_at < to_timestamp($2) AND id > $3 \
