@@ -63,6 +63,10 @@ pub enum Error {
     /// What an operator asked for does not exist (no such parked message, for instance).
     #[error("{0}")]
     NotFound(String),
+    /// The inbox consumer stopped for good: a record could not be given any outcome, a
+    /// worker panicked, or the Kafka consumer failed in a way it cannot recover from.
+    #[error("inbox stopped: {0}")]
+    Inbox(String),
     /// A PostgreSQL error.
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),

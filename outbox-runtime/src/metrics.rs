@@ -25,6 +25,8 @@
 //! | `inbox_version_gaps_total` | counter | `consumer` | aggregate versions never seen |
 //! | `inbox_apply_seconds` | histogram | `consumer` | one message's transaction |
 //! | `inbox_consumer_lag` | gauge | `consumer`, `topic`, `partition` | messages behind the partition's end |
+//! | `inbox_paused_partitions` | gauge | `consumer` | partitions paused because their worker is behind |
+//! | `inbox_receive_errors_total` | counter | `consumer` | errors receiving from Kafka (the consumer goes on) |
 //!
 //! Gauges of the outbox's state are set by [`Outbox::record_gauges`], which relays call at
 //! every lease renewal.
@@ -47,6 +49,8 @@ pub(crate) const INBOX_MESSAGES: &str = "inbox_messages_total";
 pub(crate) const INBOX_GAPS: &str = "inbox_version_gaps_total";
 pub(crate) const INBOX_APPLY_SECONDS: &str = "inbox_apply_seconds";
 pub(crate) const INBOX_LAG: &str = "inbox_consumer_lag";
+pub(crate) const INBOX_PAUSED: &str = "inbox_paused_partitions";
+pub(crate) const INBOX_RECEIVE_ERRORS: &str = "inbox_receive_errors_total";
 
 impl Outbox {
     /// Reads the outbox's [`Status`] and sets the gauges from it. Relays call this at every

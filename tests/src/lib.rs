@@ -31,6 +31,7 @@ pub async fn outbox_rows(pool: &PgPool) -> i64 {
 }
 
 pub mod kafka;
+pub mod raw;
 
 use std::time::{Duration, Instant};
 

@@ -290,7 +290,7 @@ async fn malformed_messages_are_parked_with_reasons_and_other_keys_flow(pool: Pg
     assert_eq!(reason_of("bad-3", "parked"), "no handler for event type test.unknown version 1");
     assert!(reason_of("bad-4", "parked").starts_with("payload does not decode as test.credit v1"));
     assert!(reason_of("bad-1", "held").starts_with("held behind parked message"));
-    assert_eq!(reason_of("bad-5", "parked"), "header ce_type (contains NUL): not storable text");
+    assert_eq!(reason_of("bad-5", "parked"), "header ce_type contains a NUL byte: not storable as text");
     assert_eq!(reason_of("panic", "parked"), "handler panicked: the ledger cannot take account panic");
     let raw = parked.iter().find(|p| p.record_key.as_deref() == Some(b"bad-2".as_slice())).expect("bad-2");
     assert_eq!(raw.payload, b"not json at all", "raw bytes are kept");

@@ -10,6 +10,8 @@ use super::store::{InboxNames, Store};
 use super::ParkedMessage;
 use crate::error::{Error, Result};
 
+type Bytes = Vec<u8>;
+
 /// One consumer's inbox, for operators; needs no handlers and no Kafka.
 #[derive(Debug, Clone)]
 pub struct InboxAdmin {
@@ -100,22 +102,22 @@ impl InboxAdmin {
     /// consumer, which applies them in order.
     pub async fn discard(&self, id: i64, reason: &str) -> Result<Discarded> {
         let mut tx = self.pool.begin().await?;
-        let key = self.first_open(&mut tx, id).await?;
+        let hold_key = self.first_open(&mut tx, id).await?;
         discard_row(&mut tx, &self.names, id, reason).await?;
         let parked = &self.names.parked;
         let held_behind: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT count(*) FROM {parked} WHERE consumer = $1 AND record_key = $2 AND status IN ('parked', 'held')"
+            "SELECT count(*) FROM {parked} WHERE consumer = $1 AND hold_key = $2 AND status IN ('parked', 'held')"
         )))
         .bind(&self.consumer)
-        .bind(key.as_deref())
+        .bind(hold_key.as_deref())
         .fetch_one(&mut *tx)
         .await?;
         sqlx::query(AssertSqlSafe(format!(
             "UPDATE {parked} SET retry_requested_at = now() WHERE id = (SELECT id FROM {parked} \
-             WHERE consumer = $1 AND record_key = $2 AND status IN ('parked', 'held') ORDER BY id LIMIT 1)"
+             WHERE consumer = $1 AND hold_key = $2 AND status IN ('parked', 'held') ORDER BY id LIMIT 1)"
         )))
         .bind(&self.consumer)
-        .bind(key.as_deref())
+        .bind(hold_key.as_deref())
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -148,26 +150,26 @@ impl InboxAdmin {
     }
 
     /// Locks the key of `id` and checks that `id` is open and the first open message of
-    /// its key. Returns the key.
+    /// its key (in its topic). Returns the hashed key (`None` for a record without key).
     async fn first_open(&self, tx: &mut PgConnection, id: i64) -> Result<Option<Vec<u8>>> {
         let parked = &self.names.parked;
-        let key: Option<Option<Vec<u8>>> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT record_key FROM {parked} WHERE id = $1 AND consumer = $2 AND status IN ('parked', 'held')"
+        let row: Option<(String, Option<Bytes>, Option<Bytes>)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT topic, record_key, hold_key FROM {parked} WHERE id = $1 AND consumer = $2 AND status IN ('parked', 'held')"
         )))
         .bind(id)
         .bind(&self.consumer)
         .fetch_optional(&mut *tx)
         .await?;
-        let Some(key) = key else {
+        let Some((topic, key, hold_key)) = row else {
             return Err(Error::NotFound(format!("no parked message {id} for consumer {}", self.consumer)));
         };
-        Store::new(&self.names, &self.consumer).lock(tx, key.as_deref()).await?;
+        Store::new(&self.names, &self.consumer).lock(tx, &topic, key.as_deref()).await?;
         let earlier: bool = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT EXISTS (SELECT 1 FROM {parked} WHERE consumer = $1 AND record_key = $2 \
+            "SELECT EXISTS (SELECT 1 FROM {parked} WHERE consumer = $1 AND hold_key = $2 \
                 AND status IN ('parked', 'held') AND id < $3)"
         )))
         .bind(&self.consumer)
-        .bind(key.as_deref())
+        .bind(hold_key.as_deref())
         .bind(id)
         .fetch_one(&mut *tx)
         .await?;
@@ -176,7 +178,7 @@ impl InboxAdmin {
                 "message {id} is held behind an earlier one of its key: release that first"
             )));
         }
-        Ok(key)
+        Ok(hold_key)
     }
 }
 

@@ -39,15 +39,14 @@ impl HandlerError {
     }
 }
 
-/// Database errors in a handler are transient unless they are constraint violations or
-/// bad data, which repeat.
+/// Database errors in a handler are permanent when they repeat for the same input (SQLSTATE
+/// classes 22 data exception, 23 integrity constraint violation, 54 program limit
+/// exceeded), transient otherwise (a transient error is retried up to
+/// [`InboxConfig::max_attempts`](super::InboxConfig::max_attempts) times, attempts being
+/// counted only while the database answers).
 impl From<sqlx::Error> for HandlerError {
     fn from(error: sqlx::Error) -> Self {
-        let permanent = error
-            .as_database_error()
-            .and_then(|d| d.code())
-            .is_some_and(|code| code.starts_with("23") || code.starts_with("22"));
-        if permanent {
+        if super::failure::sqlx_is_permanent(&error) {
             HandlerError::Permanent(error.to_string())
         } else {
             HandlerError::Transient(error.to_string())

@@ -57,7 +57,34 @@ pub fn judge(
     RetentionVerdict::Covered
 }
 
-/// Reads `retention.ms` of every configured topic from the broker and judges it.
+/// Judges one topic with its `cleanup.policy`: a compacted topic (`compact`, alone or with
+/// `delete`) keeps the latest record of every key past `retention.ms`, for ever, so it is
+/// judged as a topic that keeps records for ever.
+pub fn judge_topic(
+    topic: &str,
+    retention_ms: i64,
+    cleanup_policy: &str,
+    dedup: Option<Duration>,
+    replay_window: Duration,
+) -> RetentionVerdict {
+    let compacted = cleanup_policy.split(',').any(|p| p.trim().eq_ignore_ascii_case("compact"));
+    if !compacted {
+        return judge(topic, retention_ms, dedup, replay_window);
+    }
+    match judge(topic, -1, dedup, replay_window) {
+        RetentionVerdict::Short(_) => RetentionVerdict::Short(format!(
+            "DEDUP RETENTION TOO SHORT: topic {topic} is compacted (cleanup.policy={cleanup_policy}): it keeps the \
+             latest record of every key for ever, whatever retention.ms ({retention_ms}) says, but the inbox forgets \
+             event ids after {}: such a record read again after that would apply twice; keep ids forever \
+             (dedup_retention(None))",
+            dedup.map_or("ever".to_owned(), days)
+        )),
+        verdict => verdict,
+    }
+}
+
+/// Reads `retention.ms` and `cleanup.policy` of every configured topic from the broker and
+/// judges them.
 pub(crate) async fn check_topics(config: &InboxConfig) -> RetentionVerdict {
     let admin: AdminClient<DefaultClientContext> =
         match ClientConfig::new().set("bootstrap.servers", &config.brokers).create() {
@@ -78,12 +105,14 @@ pub(crate) async fn check_topics(config: &InboxConfig) -> RetentionVerdict {
             Err(_) => return unknown(config, "the broker did not answer DescribeConfigs within 10 s"),
         };
     for (topic, result) in config.topics.iter().zip(results) {
-        let retention = result.ok().and_then(|r| {
-            r.get("retention.ms").and_then(|entry| entry.value.as_deref()).and_then(|v| v.parse::<i64>().ok())
-        });
+        let resource = result.ok();
+        let value =
+            |name: &str| resource.as_ref().and_then(|r| r.get(name)).and_then(|entry| entry.value.clone());
+        let retention = value("retention.ms").and_then(|v| v.parse::<i64>().ok());
+        let policy = value("cleanup.policy").unwrap_or_else(|| "delete".to_owned());
         match retention {
             Some(ms) => {
-                let verdict = judge(topic, ms, config.dedup_retention, config.replay_window);
+                let verdict = judge_topic(topic, ms, &policy, config.dedup_retention, config.replay_window);
                 if verdict != RetentionVerdict::Covered {
                     return verdict;
                 }
@@ -130,6 +159,23 @@ mod tests {
         assert!(message.contains("14.0 days are needed"), "{message}");
         assert!(
             matches!(judge("orders", -1, Some(365 * DAY), DAY), RetentionVerdict::Short(m) if m.contains("keeps messages forever"))
+        );
+    }
+
+    #[test]
+    fn a_compacted_topic_keeps_records_past_its_retention() {
+        // retention.ms says 1 day, but compaction keeps the latest record per key for ever.
+        for policy in ["compact", "compact,delete", "delete, compact"] {
+            let verdict = judge_topic("orders", DAY_MS, policy, Some(30 * DAY), 7 * DAY);
+            assert!(
+                matches!(&verdict, RetentionVerdict::Short(m) if m.contains("is compacted")),
+                "{policy}: {verdict:?}"
+            );
+            assert_eq!(judge_topic("orders", DAY_MS, policy, None, 7 * DAY), RetentionVerdict::Covered);
+        }
+        assert_eq!(
+            judge_topic("orders", DAY_MS, "delete", Some(30 * DAY), 7 * DAY),
+            RetentionVerdict::Covered
         );
     }
 }

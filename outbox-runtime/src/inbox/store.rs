@@ -5,7 +5,7 @@ use sqlx::{PgConnection, PgPool, Postgres, SqlStr, Transaction};
 use tracing::warn;
 
 use super::handler::{Dispatch, HandlerError, Handlers, Meta, Resolved};
-use super::message::Incoming;
+use super::message::{raw_headers_json, Incoming};
 use crate::error::Result;
 use crate::table::{sql, validate_identifier};
 
@@ -32,6 +32,23 @@ impl InboxNames {
             aggregates: q("_aggregates"),
         })
     }
+}
+
+/// The longest reason stored, in bytes.
+const MAX_REASON_BYTES: usize = 4096;
+
+/// `reason` as storable text: NUL replaced, at most [`MAX_REASON_BYTES`].
+pub(crate) fn storable_reason(reason: &str) -> String {
+    let mut s = reason.replace('\0', "\u{fffd}");
+    if s.len() > MAX_REASON_BYTES {
+        let mut end = MAX_REASON_BYTES;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
 }
 
 /// What became of one message.
@@ -72,19 +89,22 @@ pub(crate) struct Store {
 impl Store {
     pub(crate) fn new(names: &InboxNames, consumer: &str) -> Self {
         let (inbox, parked, aggregates) = (&names.inbox, &names.parked, &names.aggregates);
+        // The key that orders a message: its topic and record key, hashed (keys may be any
+        // size; an index row holds about 2,700 bytes), as the parked table's `hold_key`.
+        let hold_key = format!("\"{}\".\"{}_hold_key\"($2, $3)", names.schema, names.table);
         Store {
             consumer: consumer.to_owned(),
             // Serializes everything done for one key: the consumer's hold check and an
             // operator's release cannot interleave.
-            lock_key: sql("SELECT pg_advisory_xact_lock(hashtextextended($1 || ':' || encode($2, 'hex'), 0))".to_owned()),
+            lock_key: sql(format!("SELECT pg_advisory_xact_lock(hashtextextended($1 || ':' || encode({hold_key}, 'hex'), 0))")),
             find_hold: sql(format!(
-                "SELECT id FROM {parked} WHERE consumer = $1 AND record_key = $2 AND status IN ('parked', 'held') \
+                "SELECT id FROM {parked} WHERE consumer = $1 AND hold_key = {hold_key} AND status IN ('parked', 'held') \
                  ORDER BY id LIMIT 1"
             )),
             park: sql(format!(
                 "INSERT INTO {parked} (consumer, topic, kafka_partition, kafka_offset, record_key, headers, payload, \
-                                       event_id, event_type, schema_version, status, reason) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+                                       event_id, event_type, schema_version, status, reason, raw_headers, null_value) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
                  ON CONFLICT (consumer, topic, kafka_partition, kafka_offset) DO NOTHING RETURNING id"
             )),
             parked_status: sql(format!(
@@ -117,18 +137,20 @@ impl Store {
         }
     }
 
-    /// Takes the transaction-scoped lock of `key` (no-op without a key).
-    pub(crate) async fn lock(&self, tx: &mut PgConnection, key: Option<&[u8]>) -> Result<()> {
+    /// Takes the transaction-scoped lock of `key` in `topic` (no-op without a key).
+    pub(crate) async fn lock(&self, tx: &mut PgConnection, topic: &str, key: Option<&[u8]>) -> Result<()> {
         if let Some(key) = key {
-            sqlx::query(self.lock_key.clone()).bind(&self.consumer).bind(key).execute(tx).await?;
+            sqlx::query(self.lock_key.clone()).bind(&self.consumer).bind(topic).bind(key).execute(tx).await?;
         }
         Ok(())
     }
 
-    async fn hold(&self, tx: &mut PgConnection, key: Option<&[u8]>) -> Result<Option<i64>> {
+    /// The first open parked message of `key` in `topic`, if any: later ones are held.
+    async fn hold(&self, tx: &mut PgConnection, topic: &str, key: Option<&[u8]>) -> Result<Option<i64>> {
         let Some(key) = key else { return Ok(None) };
         Ok(sqlx::query_scalar(self.find_hold.clone())
             .bind(&self.consumer)
+            .bind(topic)
             .bind(key)
             .fetch_optional(tx)
             .await?)
@@ -145,6 +167,7 @@ impl Store {
     ) -> Result<Option<String>> {
         let meta = msg.meta.as_ref().ok();
         let headers = serde_json::to_value(&msg.headers).unwrap_or_default();
+        let reason = storable_reason(reason);
         let inserted: Option<i64> = sqlx::query_scalar(self.park.clone())
             .bind(&self.consumer)
             .bind(&msg.topic)
@@ -157,7 +180,9 @@ impl Store {
             .bind(meta.map(|m| m.event_type.clone()))
             .bind(meta.map(|m| i32::try_from(m.schema_version).unwrap_or(i32::MAX)))
             .bind(status)
-            .bind(reason)
+            .bind(&reason)
+            .bind(raw_headers_json(&msg.raw_headers))
+            .bind(msg.null_value)
             .fetch_optional(&mut *tx)
             .await?;
         if inserted.is_some() {
@@ -193,8 +218,8 @@ impl Store {
         msg: &Incoming,
     ) -> Result<Outcome> {
         let mut tx = pool.begin().await?;
-        self.lock(&mut tx, msg.key.as_deref()).await?;
-        if let Some(parked_id) = self.hold(&mut tx, msg.key.as_deref()).await? {
+        self.lock(&mut tx, &msg.topic, msg.key.as_deref()).await?;
+        if let Some(parked_id) = self.hold(&mut tx, &msg.topic, msg.key.as_deref()).await? {
             let reason = format!("held behind parked message {parked_id} of the same key");
             let existing = self.park(&mut tx, msg, "held", &reason).await?;
             tx.commit().await?;
@@ -370,12 +395,12 @@ impl Store {
         resolves: Option<(i64, &str)>,
     ) -> Result<Outcome> {
         let mut tx = pool.begin().await?;
-        self.lock(&mut tx, msg.key.as_deref()).await?;
+        self.lock(&mut tx, &msg.topic, msg.key.as_deref()).await?;
         self.park_instead(tx, msg, reason, resolves).await
     }
 
     async fn repark(&self, tx: &mut PgConnection, id: i64, reason: &str) -> Result<()> {
-        sqlx::query(self.repark.clone()).bind(id).bind(reason).execute(tx).await?;
+        sqlx::query(self.repark.clone()).bind(id).bind(storable_reason(reason)).execute(tx).await?;
         Ok(())
     }
 }

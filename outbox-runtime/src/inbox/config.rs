@@ -1,0 +1,283 @@
+//! How an inbox consumer runs: its settings, their defaults, and the bounds `Inbox::new`
+//! holds them to (invariant 12: a setting that cannot work is refused by name).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+const MS: Duration = Duration::from_millis(1);
+const HOUR: Duration = Duration::from_secs(3600);
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// How an inbox consumer runs. Every setting has a default except consumer, brokers, topics;
+/// [`Inbox::new`](super::Inbox::new) refuses values that cannot work with
+/// [`Error::Config`] naming the setting.
+#[derive(Debug, Clone)]
+pub struct InboxConfig {
+    pub(crate) consumer: String,
+    pub(crate) brokers: String,
+    pub(crate) topics: Vec<String>,
+    pub(crate) schema: String,
+    pub(crate) table: String,
+    pub(crate) dedup_retention: Option<Duration>,
+    pub(crate) replay_window: Duration,
+    pub(crate) refuse_short_retention: bool,
+    pub(crate) backoff_base: Duration,
+    pub(crate) backoff_max: Duration,
+    pub(crate) max_attempts: u32,
+    pub(crate) queue_per_partition: usize,
+    pub(crate) commit_interval: Duration,
+    pub(crate) operator_poll_interval: Duration,
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) cleanup_interval: Duration,
+    pub(crate) cleanup_batch: u32,
+    pub(crate) kafka: BTreeMap<String, String>,
+}
+
+impl InboxConfig {
+    /// A consumer named `consumer` (its Kafka `group.id`, and its key in the inbox),
+    /// reading `topics` from `brokers`; otherwise defaults.
+    pub fn new(
+        consumer: impl Into<String>,
+        brokers: impl Into<String>,
+        topics: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        InboxConfig {
+            consumer: consumer.into(),
+            brokers: brokers.into(),
+            topics: topics.into_iter().map(Into::into).collect(),
+            schema: "public".to_owned(),
+            table: "inbox".to_owned(),
+            dedup_retention: Some(30 * DAY),
+            replay_window: 7 * DAY,
+            refuse_short_retention: false,
+            backoff_base: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(30),
+            max_attempts: 10,
+            queue_per_partition: 256,
+            commit_interval: Duration::from_millis(500),
+            operator_poll_interval: Duration::from_secs(2),
+            shutdown_timeout: Duration::from_secs(30),
+            cleanup_interval: Duration::from_secs(60),
+            cleanup_batch: 1000,
+            kafka: BTreeMap::new(),
+        }
+    }
+
+    /// Schema of the inbox tables. Default: `public`.
+    #[must_use]
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// Inbox table name; `<table>_parked`, `<table>_aggregates` and `<table>_migrations`
+    /// are named after it. Default: `inbox`.
+    #[must_use]
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// How long event ids are kept for deduplication; `None` keeps them forever. It must
+    /// cover the topic's retention plus the replay window, or a redelivered old event
+    /// would apply twice. At least 1 s. Default: 30 days.
+    #[must_use]
+    pub fn dedup_retention(mut self, retention: impl Into<Option<Duration>>) -> Self {
+        self.dedup_retention = retention.into();
+        self
+    }
+
+    /// How far back events may be replayed (re-published) after they first arrived. At most
+    /// 100 years. Default: 7 days.
+    #[must_use]
+    pub fn replay_window(mut self, window: Duration) -> Self {
+        self.replay_window = window;
+        self
+    }
+
+    /// Refuse to start (instead of warning) when the dedup retention is shorter than the
+    /// topic's retention plus the replay window. Default: false.
+    #[must_use]
+    pub fn refuse_short_retention(mut self, refuse: bool) -> Self {
+        self.refuse_short_retention = refuse;
+        self
+    }
+
+    /// First retry delay after a failure that may pass, doubling with jitter up to `max`.
+    /// `base` between 1 ms and 1 h, `max` between `base` and 1 day. Defaults: 200 ms and 30 s.
+    #[must_use]
+    pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.backoff_base = base;
+        self.backoff_max = max;
+        self
+    }
+
+    /// How many times one message is tried when it fails in a way that may pass (a
+    /// transient handler error, a serialization failure, an unclassified database error)
+    /// before it is parked with the last error. Failures that repeat by nature (bad data,
+    /// constraint violations, program limits) park at once; an unreachable database is
+    /// waited for without a limit, since nothing could be recorded meanwhile. Between 1
+    /// and 1,000,000. Default: 10 (about 80 s with the default backoff).
+    #[must_use]
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// Messages buffered per partition ahead of its worker; a partition whose buffer is
+    /// full is paused at the broker, the others go on. Between 1 and 1,000,000. Default: 256.
+    #[must_use]
+    pub fn queue_per_partition(mut self, messages: usize) -> Self {
+        self.queue_per_partition = messages;
+        self
+    }
+
+    /// How often finished offsets are committed. Between 1 ms and 1 h. Default: 500 ms.
+    #[must_use]
+    pub fn commit_interval(mut self, interval: Duration) -> Self {
+        self.commit_interval = interval;
+        self
+    }
+
+    /// How often the running consumer looks for retries requested by operators
+    /// ([`InboxAdmin::request_retry`](super::InboxAdmin::request_retry), `outbox inbox
+    /// retry`). Between 10 ms and 1 h. Default: 2 s.
+    #[must_use]
+    pub fn operator_poll_interval(mut self, interval: Duration) -> Self {
+        self.operator_poll_interval = interval;
+        self
+    }
+
+    /// How long [`Inbox::run`](super::Inbox::run) waits, after it was cancelled, for the
+    /// messages in hand to finish; then it abandons them (their transactions roll back,
+    /// they are redelivered) and returns. Between 1 ms and 1 h. Default: 30 s.
+    #[must_use]
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// A librdkafka consumer setting. `enable.auto.commit`, `enable.auto.offset.store` and
+    /// `group.id` are fixed.
+    #[must_use]
+    pub fn kafka_setting(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.kafka.insert(key.into(), value.into());
+        self
+    }
+
+    /// The consumer name (Kafka `group.id`).
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+
+    /// The topics read.
+    pub fn topics(&self) -> &[String] {
+        &self.topics
+    }
+
+    /// The dedup retention (`None`: forever).
+    pub fn get_dedup_retention(&self) -> Option<Duration> {
+        self.dedup_retention
+    }
+
+    /// The attempt limit of [`InboxConfig::max_attempts`].
+    pub fn get_max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The shutdown timeout of [`InboxConfig::shutdown_timeout`].
+    pub fn get_shutdown_timeout(&self) -> Duration {
+        self.shutdown_timeout
+    }
+
+    /// Checks every setting against what can work.
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.consumer.is_empty() {
+            return Err(Error::Config("inbox setting consumer is empty: name the consumer".into()));
+        }
+        if self.topics.is_empty() || self.topics.iter().any(String::is_empty) {
+            return Err(Error::Config(format!(
+                "inbox setting topics is {:?}: give at least one topic, none empty",
+                self.topics
+            )));
+        }
+        within("commit_interval", self.commit_interval, MS, HOUR)?;
+        within("backoff (base)", self.backoff_base, MS, HOUR)?;
+        within("backoff (max)", self.backoff_max, self.backoff_base, DAY)?;
+        within("operator_poll_interval", self.operator_poll_interval, 10 * MS, HOUR)?;
+        within("shutdown_timeout", self.shutdown_timeout, MS, HOUR)?;
+        within("replay_window", self.replay_window, Duration::ZERO, 36_500 * DAY)?;
+        if let Some(retention) = self.dedup_retention {
+            within("dedup_retention", retention, Duration::from_secs(1), 36_500 * DAY)?;
+        }
+        count("max_attempts", u64::from(self.max_attempts))?;
+        count("queue_per_partition", self.queue_per_partition as u64)?;
+        for fixed in ["enable.auto.commit", "enable.auto.offset.store", "group.id"] {
+            if self.kafka.contains_key(fixed) {
+                return Err(Error::Config(format!(
+                    "inbox kafka_setting {fixed} cannot be set: the inbox commits offsets itself, after each \
+                     transaction, and its group is the consumer name"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn within(setting: &str, value: Duration, min: Duration, max: Duration) -> Result<()> {
+    if value < min || value > max {
+        return Err(Error::Config(format!(
+            "inbox setting {setting} is {value:?}: it must be between {min:?} and {max:?}"
+        )));
+    }
+    Ok(())
+}
+
+fn count(setting: &str, value: u64) -> Result<()> {
+    if !(1..=1_000_000).contains(&value) {
+        return Err(Error::Config(format!(
+            "inbox setting {setting} is {value}: it must be between 1 and 1000000"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_every_bad_value_is_named() {
+        let base = || InboxConfig::new("c", "b", ["t"]);
+        base().validate().expect("defaults");
+        let cases = [
+            (base().commit_interval(Duration::ZERO), "commit_interval"),
+            (base().commit_interval(2 * HOUR), "commit_interval"),
+            (base().backoff(Duration::ZERO, Duration::from_secs(1)), "backoff (base)"),
+            (base().backoff(Duration::from_secs(2), Duration::from_secs(1)), "backoff (max)"),
+            (base().backoff(MS, 2 * DAY), "backoff (max)"),
+            (base().operator_poll_interval(Duration::ZERO), "operator_poll_interval"),
+            (base().shutdown_timeout(Duration::ZERO), "shutdown_timeout"),
+            (base().dedup_retention(Duration::ZERO), "dedup_retention"),
+            (base().replay_window(Duration::MAX), "replay_window"),
+            (base().max_attempts(0), "max_attempts"),
+            (base().queue_per_partition(0), "queue_per_partition"),
+            (base().queue_per_partition(usize::MAX), "queue_per_partition"),
+            (base().kafka_setting("enable.auto.commit", "true"), "enable.auto.commit"),
+            (InboxConfig::new("", "b", ["t"]), "consumer"),
+            (InboxConfig::new("c", "b", [""]), "topics"),
+            (InboxConfig::new("c", "b", Vec::<String>::new()), "topics"),
+        ];
+        for (config, setting) in cases {
+            match config.validate() {
+                Err(Error::Config(message)) => {
+                    assert!(message.contains(setting), "{message:?} names {setting}")
+                }
+                other => panic!("{setting}: expected Error::Config, got {other:?}"),
+            }
+        }
+        base().dedup_retention(None).max_attempts(1).queue_per_partition(1).validate().expect("edges");
+    }
+}

@@ -1,0 +1,525 @@
+//! The receive loop: reads records, hands each partition's to its worker, pauses a
+//! partition whose worker is behind (the others go on), commits finished offsets, follows
+//! rebalances, and stops on cancel within the shutdown timeout or at once on a fatal error.
+//!
+//! State shared by the loop, the workers and the rebalance callbacks sits in [`Shared`]
+//! behind one mutex, never held across an await:
+//! - each owned partition has a worker with a bounded queue and an overflow for the few
+//!   records that arrive while it is being paused; a worker that takes a record from a
+//!   paused partition's queue wakes the loop, which refills the queue and resumes the
+//!   partition once it is half empty (invariant 11);
+//! - a worker reports the next offset to commit after each outcome; the loop commits those
+//!   of partitions it owns, and a revoke commits the revoked partitions' finished offsets
+//!   synchronously before the revoke completes, stops their workers and drops their queued
+//!   records (they are the next owner's now) (invariant 7);
+//! - a worker that cannot record an outcome, or panics, fails the whole consumer: `run()`
+//!   ends with [`Error::Inbox`] instead of living on without it.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::statistics::Statistics;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tokio::sync::mpsc::{self, error::TrySendError};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn};
+
+use super::retention::{self, RetentionVerdict};
+use super::worker::{Worker, WARN_EVERY};
+use super::{cleanup_loop, Inbox};
+use crate::error::{Error, Result};
+
+type Place = (String, i32);
+
+/// One owned partition.
+struct Partition {
+    generation: u64,
+    queue: Option<mpsc::Sender<OwnedMessage>>,
+    overflow: VecDeque<OwnedMessage>,
+    paused: Arc<AtomicBool>,
+    stop: CancellationToken,
+    /// The next offset to commit (after the last record with an outcome, all earlier ones
+    /// having theirs), and the last one committed.
+    finished: Option<i64>,
+    committed: Option<i64>,
+}
+
+#[derive(Default)]
+struct State {
+    partitions: HashMap<Place, Partition>,
+    assigned: HashSet<Place>,
+    generation: u64,
+    fatal: Option<String>,
+}
+
+/// What the loop, the workers and the rebalance callbacks share.
+pub(crate) struct Shared {
+    consumer: String,
+    state: Mutex<State>,
+    /// A worker took a record from a paused partition's queue.
+    room: Notify,
+    /// Set with the first fatal error.
+    failed: CancellationToken,
+    /// The receive loop runs: a revoke commits finished offsets only then (a `run()`
+    /// future dropped without cancelling commits nothing more, like a crash; a graceful
+    /// stop commits them itself).
+    live: AtomicBool,
+}
+
+/// Marks the loop as ended when dropped, however it ends.
+struct Live<'a>(&'a Shared);
+
+impl Drop for Live<'_> {
+    fn drop(&mut self) {
+        self.0.live.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the maps half-updated in a way that
+        // matters more than stopping: keep going with what is there.
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A worker took a record off `place`'s queue.
+    pub(crate) fn made_room(&self, place: &Place) {
+        let paused = self.lock().partitions.get(place).is_some_and(|p| p.paused.load(Ordering::Relaxed));
+        if paused {
+            self.room.notify_one();
+        }
+    }
+
+    /// The record before `next` of `place` has its outcome (ignored if the partition was
+    /// revoked since the worker of `generation` started).
+    pub(crate) fn finish(&self, place: &Place, generation: u64, next: i64) {
+        if let Some(p) = self.lock().partitions.get_mut(place).filter(|p| p.generation == generation) {
+            p.finished = Some(next);
+        }
+    }
+
+    /// Ends the consumer with `reason`.
+    pub(crate) fn fail(&self, reason: String) {
+        warn!(consumer = %self.consumer, stage = "consume", %reason, "fatal: stopping the consumer");
+        self.lock().fatal.get_or_insert(reason);
+        self.failed.cancel();
+    }
+
+    fn fatal(&self) -> String {
+        self.lock().fatal.clone().unwrap_or_else(|| "a partition worker failed".to_owned())
+    }
+
+    /// Offsets to commit: finished and not yet committed, of partitions still owned. They
+    /// are marked committed (a failed commit resets them, see `commit_callback`).
+    fn to_commit(&self, all: bool) -> TopicPartitionList {
+        let mut state = self.lock();
+        let State { partitions, assigned, .. } = &mut *state;
+        let mut list = TopicPartitionList::new();
+        for (place, p) in partitions.iter_mut() {
+            let Some(next) = p.finished else { continue };
+            if assigned.contains(place) && (all || p.committed != Some(next)) {
+                let _ = list.add_partition_offset(&place.0, place.1, Offset::Offset(next));
+                p.committed = Some(next);
+            }
+        }
+        list
+    }
+
+    fn paused_count(&self) -> usize {
+        self.lock().partitions.values().filter(|p| p.paused.load(Ordering::Relaxed)).count()
+    }
+}
+
+/// The Kafka client context: rebalances, commit results, and the consumer lag from
+/// librdkafka's statistics.
+pub(crate) struct InboxContext {
+    shared: Arc<Shared>,
+}
+
+impl ClientContext for InboxContext {
+    fn stats(&self, statistics: Statistics) {
+        for (topic, t) in statistics.topics {
+            for (partition, p) in t.partitions {
+                // -1 is librdkafka's internal partition; a negative lag means unknown.
+                if partition >= 0 && p.consumer_lag >= 0 {
+                    #[allow(clippy::cast_precision_loss)]
+                    metrics::gauge!(crate::metrics::INBOX_LAG, "consumer" => self.shared.consumer.clone(),
+                                    "topic" => topic.clone(), "partition" => partition.to_string())
+                    .set(p.consumer_lag as f64);
+                }
+            }
+        }
+    }
+}
+
+fn places(list: &TopicPartitionList) -> Vec<Place> {
+    list.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect()
+}
+
+impl ConsumerContext for InboxContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Revoke(list) => {
+                let revoked = places(list);
+                let mut commit = TopicPartitionList::new();
+                {
+                    let mut state = self.shared.lock();
+                    for place in &revoked {
+                        state.assigned.remove(place);
+                        if let Some(p) = state.partitions.remove(place) {
+                            // Stops the worker before its next record; queued ones are dropped.
+                            p.stop.cancel();
+                            if let Some(next) = p.finished.filter(|n| p.committed != Some(*n)) {
+                                let _ = commit.add_partition_offset(&place.0, place.1, Offset::Offset(next));
+                            }
+                        }
+                    }
+                }
+                let committed = if self.shared.live.load(Ordering::SeqCst) { commit.count() } else { 0 };
+                if committed > 0 {
+                    if let Err(error) = consumer.commit(&commit, CommitMode::Sync) {
+                        warn!(consumer = %self.shared.consumer, stage = "rebalance", %error,
+                              "commit of revoked partitions failed; their last records may be redelivered and absorbed");
+                    }
+                }
+                info!(consumer = %self.shared.consumer, stage = "rebalance", revoked = revoked.len(), committed,
+                      "partitions revoked: their workers stopped, finished offsets committed");
+            }
+            Rebalance::Assign(_) => {}
+            Rebalance::Error(error) => {
+                warn!(consumer = %self.shared.consumer, stage = "rebalance", %error, "rebalance error");
+            }
+        }
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(list) = rebalance {
+            let assigned = places(list);
+            self.shared.lock().assigned.extend(assigned.iter().cloned());
+            // A partition paused by an earlier owner of this process starts unpaused.
+            let _ = consumer.resume(list);
+            info!(consumer = %self.shared.consumer, stage = "rebalance", assigned = assigned.len(), "partitions assigned");
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        if let Err(error) = result {
+            let mut state = self.shared.lock();
+            for place in places(offsets) {
+                if let Some(p) = state.partitions.get_mut(&place) {
+                    p.committed = None; // committed again at the next tick
+                }
+            }
+            warn!(consumer = %self.shared.consumer, stage = "commit", %error,
+                  "offset commit failed; it is tried again, and meanwhile records may be redelivered and absorbed");
+        }
+    }
+}
+
+/// Receive errors after which the consumer cannot recover by itself.
+fn is_fatal(error: &KafkaError) -> bool {
+    match error {
+        KafkaError::MessageConsumptionFatal(_) => true,
+        KafkaError::MessageConsumption(code) => matches!(
+            code,
+            RDKafkaErrorCode::Fatal
+                | RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::GroupAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed
+                | RDKafkaErrorCode::SaslAuthenticationFailed
+                | RDKafkaErrorCode::InvalidGroupId
+                | RDKafkaErrorCode::Authentication
+        ),
+        _ => false,
+    }
+}
+
+impl Inbox {
+    fn kafka_consumer(&self, shared: Arc<Shared>) -> Result<StreamConsumer<InboxContext>> {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &self.config.brokers)
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", "10000")
+            // Statistics carry the consumer lag per partition (the inbox_consumer_lag gauge).
+            .set("statistics.interval.ms", "5000");
+        for (k, v) in &self.config.kafka {
+            config.set(k, v);
+        }
+        config
+            .set("group.id", &self.config.consumer)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false");
+        config.create_with_context(InboxContext { shared }).map_err(|e| {
+            Error::Config(format!("cannot create the Kafka consumer of inbox {}: {e}", self.config.consumer))
+        })
+    }
+
+    /// See [`Inbox::run`].
+    pub(super) async fn consume(self, shutdown: CancellationToken) -> Result<()> {
+        let shared = Arc::new(Shared {
+            consumer: self.config.consumer.clone(),
+            state: Mutex::default(),
+            room: Notify::new(),
+            failed: CancellationToken::new(),
+            live: AtomicBool::new(true),
+        });
+        let consumer = self.kafka_consumer(shared.clone())?;
+        // Dropped before the consumer (declared after it): see `Shared::live`.
+        let live = Live(&shared);
+        let tracker = TaskTracker::new();
+        // Stops every worker: cancelled on shutdown and on a fatal error.
+        let stop_all = shutdown.child_token();
+        // Abandons work in hand once the shutdown timeout passes.
+        let abandon = CancellationToken::new();
+        if self.config.refuse_short_retention {
+            // Refusing needs the verdict before consuming anything.
+            match retention::check_topics(&self.config).await {
+                RetentionVerdict::Short(message) => return Err(Error::Config(message)),
+                verdict => super::warn_retention(&self.config.consumer, verdict),
+            }
+        } else {
+            // Only a warning: do not hold up start-up (some brokers never answer).
+            let (config, name) = (self.config.clone(), self.config.consumer.clone());
+            tracker
+                .spawn(async move { super::warn_retention(&name, retention::check_topics(&config).await) });
+        }
+        let topics: Vec<&str> = self.config.topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&topics)?;
+        info!(consumer = %self.config.consumer, topics = ?topics, "inbox started");
+        if let Some(retention) = self.config.dedup_retention {
+            tracker.spawn(cleanup_loop(self.clone(), retention, stop_all.clone()));
+        }
+        tracker.spawn(self.clone().operator_requests(stop_all.clone()));
+
+        let mut tick = tokio::time::interval(self.config.commit_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_receive_warning: Option<Instant> = None;
+        let outcome = loop {
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break Ok(()),
+                () = shared.failed.cancelled() => break Err(Error::Inbox(shared.fatal())),
+                () = shared.room.notified() => self.refill(&consumer, &shared),
+                _ = tick.tick() => {
+                    self.refill(&consumer, &shared);
+                    commit(&consumer, &shared, CommitMode::Async, false);
+                    #[allow(clippy::cast_precision_loss)]
+                    metrics::gauge!(crate::metrics::INBOX_PAUSED, "consumer" => self.config.consumer.clone())
+                        .set(shared.paused_count() as f64);
+                }
+                received = consumer.recv() => match received {
+                    Ok(message) => {
+                        let message = message.detach();
+                        self.dispatch(&consumer, &shared, &tracker, &stop_all, &abandon, message);
+                    }
+                    Err(KafkaError::PartitionEOF(_)) => {}
+                    Err(error) if is_fatal(&error) => {
+                        break Err(Error::Inbox(format!("the Kafka consumer cannot go on: {error}")));
+                    }
+                    Err(error) => {
+                        metrics::counter!(crate::metrics::INBOX_RECEIVE_ERRORS, "consumer" => self.config.consumer.clone())
+                            .increment(1);
+                        if last_receive_warning.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+                            last_receive_warning = Some(Instant::now());
+                            warn!(consumer = %self.config.consumer, stage = "consume", %error, "receiving failed; going on");
+                        } else {
+                            debug!(consumer = %self.config.consumer, stage = "consume", %error, "receiving failed");
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                },
+            }
+        };
+        drop(live);
+        self.stop(consumer, &shared, tracker, stop_all, abandon).await;
+        if outcome.is_ok() {
+            info!(consumer = %self.config.consumer, applied = self.stats.applied(), "inbox stopped");
+        }
+        outcome
+    }
+
+    /// Hands `message` to its partition's worker without waiting: when the worker's queue
+    /// is full the record waits in the partition's overflow and the partition is paused.
+    fn dispatch(
+        &self,
+        consumer: &StreamConsumer<InboxContext>,
+        shared: &Arc<Shared>,
+        tracker: &TaskTracker,
+        stop_all: &CancellationToken,
+        abandon: &CancellationToken,
+        message: OwnedMessage,
+    ) {
+        let place = (message.topic().to_owned(), message.partition());
+        let mut guard = shared.lock();
+        let state = &mut *guard;
+        let partition = state.partitions.entry(place.clone()).or_insert_with(|| {
+            state.generation += 1;
+            let (tx, rx) = mpsc::channel(self.config.queue_per_partition);
+            let stop = stop_all.child_token();
+            let worker = Worker {
+                pool: self.pool.clone(),
+                store: self.store.clone(),
+                handlers: self.handlers.clone(),
+                stats: self.stats.clone(),
+                consumer: self.config.consumer.clone(),
+                backoff: (self.config.backoff_base, self.config.backoff_max),
+                max_attempts: self.config.max_attempts,
+                place: place.clone(),
+                generation: state.generation,
+                shared: shared.clone(),
+                stop: stop.clone(),
+            };
+            let (shared, abandon, place) = (shared.clone(), abandon.clone(), place.clone());
+            tracker.spawn(async move {
+                tokio::select! {
+                    ran = AssertUnwindSafe(worker.run(rx)).catch_unwind() => if let Err(panic) = ran {
+                        let what = panic.downcast_ref::<&str>().map(|s| (*s).to_owned())
+                            .or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+                        shared.fail(format!("the worker of {}/{} panicked: {what}", place.0, place.1));
+                    },
+                    () = abandon.cancelled() => {}
+                }
+            });
+            Partition {
+                generation: state.generation,
+                queue: Some(tx),
+                overflow: VecDeque::new(),
+                paused: Arc::new(AtomicBool::new(false)),
+                stop,
+                finished: None,
+                committed: None,
+            }
+        });
+        let message = if partition.overflow.is_empty() {
+            match partition.queue.as_ref().map(|q| q.try_send(message)) {
+                Some(Ok(())) => return,
+                Some(Err(TrySendError::Full(m) | TrySendError::Closed(m))) => m,
+                None => return, // stopping
+            }
+        } else {
+            message
+        };
+        partition.overflow.push_back(message);
+        let newly_paused = !partition.paused.swap(true, Ordering::Relaxed);
+        drop(guard);
+        if newly_paused {
+            let mut list = TopicPartitionList::new();
+            let _ = list.add_partition(&place.0, place.1);
+            if let Err(error) = consumer.pause(&list) {
+                warn!(consumer = %self.config.consumer, stage = "consume", topic = %place.0, partition = place.1,
+                      %error, "cannot pause a partition whose worker is behind");
+            }
+            debug!(consumer = %self.config.consumer, topic = %place.0, partition = place.1, "partition paused");
+        }
+    }
+
+    /// Moves overflowed records into their workers' queues and resumes partitions whose
+    /// queue is at most half full.
+    fn refill(&self, consumer: &StreamConsumer<InboxContext>, shared: &Shared) {
+        let mut resume = TopicPartitionList::new();
+        {
+            let mut state = shared.lock();
+            for (place, p) in &mut state.partitions {
+                let Some(queue) = &p.queue else { continue };
+                while let Some(message) = p.overflow.pop_front() {
+                    match queue.try_send(message) {
+                        Ok(()) => {}
+                        Err(TrySendError::Full(m) | TrySendError::Closed(m)) => {
+                            p.overflow.push_front(m);
+                            break;
+                        }
+                    }
+                }
+                if p.overflow.is_empty()
+                    && p.paused.load(Ordering::Relaxed)
+                    && queue.capacity() * 2 >= queue.max_capacity()
+                {
+                    p.paused.store(false, Ordering::Relaxed);
+                    let _ = resume.add_partition(&place.0, place.1);
+                }
+            }
+        }
+        if resume.count() > 0 {
+            if let Err(error) = consumer.resume(&resume) {
+                warn!(consumer = %self.config.consumer, stage = "consume", %error, "cannot resume partitions");
+            }
+        }
+    }
+
+    /// Stops the workers, waits for the records in hand up to the shutdown timeout (then
+    /// abandons them: their transactions roll back and they are redelivered), commits what
+    /// finished and closes the consumer, all within the timeout.
+    async fn stop(
+        &self,
+        consumer: StreamConsumer<InboxContext>,
+        shared: &Arc<Shared>,
+        tracker: TaskTracker,
+        stop_all: CancellationToken,
+        abandon: CancellationToken,
+    ) {
+        let started = Instant::now();
+        let timeout = self.config.shutdown_timeout;
+        stop_all.cancel();
+        {
+            let mut state = shared.lock();
+            for p in state.partitions.values_mut() {
+                p.queue = None;
+                p.overflow.clear();
+            }
+        }
+        tracker.close();
+        // Workers get four fifths of the time; committing and closing the rest.
+        if tokio::time::timeout(timeout.mul_f64(0.8), tracker.wait()).await.is_err() {
+            warn!(consumer = %self.config.consumer, stage = "shutdown", timeout = ?timeout,
+                  "records still in hand at the shutdown timeout are abandoned: rolled back, redelivered later");
+            abandon.cancel();
+            let _ = tokio::time::timeout(Duration::from_millis(100), tracker.wait()).await;
+        }
+        let list = shared.to_commit(true);
+        let consumer_name = self.config.consumer.clone();
+        // Committing and closing block on the broker: on a thread of their own, so that a
+        // broker that does not answer cannot hold `run()` past the timeout.
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            if list.count() > 0 {
+                if let Err(error) = consumer.commit(&list, CommitMode::Sync) {
+                    warn!(consumer = %consumer_name, stage = "shutdown", %error, "final offset commit failed");
+                }
+            }
+            drop(consumer);
+            let _ = done_tx.send(());
+        });
+        let left = timeout.saturating_sub(started.elapsed()).max(Duration::from_millis(100));
+        if tokio::time::timeout(left, done_rx).await.is_err() {
+            warn!(consumer = %self.config.consumer, stage = "shutdown",
+                  "the Kafka consumer did not close within the shutdown timeout; left closing in the background");
+        }
+    }
+}
+
+/// Commits finished offsets that moved (`all`: every finished offset).
+fn commit(consumer: &StreamConsumer<InboxContext>, shared: &Shared, mode: CommitMode, all: bool) {
+    let list = shared.to_commit(all);
+    if list.count() == 0 {
+        return;
+    }
+    if let Err(error) = consumer.commit(&list, mode) {
+        for place in places(&list) {
+            if let Some(p) = shared.lock().partitions.get_mut(&place) {
+                p.committed = None;
+            }
+        }
+        warn!(consumer = %shared.consumer, stage = "commit", %error, "offset commit failed; tried again at the next tick");
+    }
+}

@@ -1,0 +1,95 @@
+//! What a failure to process one message means for that message: park it now, retry it a
+//! bounded number of times, or wait for the database (invariant 11: a failure that repeats
+//! ends in a recorded outcome after bounded attempts, never in an unbounded loop).
+//!
+//! Database errors are classified by SQLSTATE class, the way sqlx's
+//! `DatabaseError::kind()` reads them; nothing is decided by matching message strings.
+
+use crate::error::Error;
+
+/// How one failure is handled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// Fails the same way every time (bad data, a constraint, a program limit, a panic):
+    /// park the message now with this reason.
+    Permanent(String),
+    /// May pass (a serialization failure, a deadlock, a lock or statement timeout, a
+    /// transient handler error, anything unclassified): retry with backoff, and park with
+    /// this reason once the attempt limit is reached.
+    Transient(String),
+    /// The database cannot be reached or cannot write: nothing could be recorded, so wait
+    /// for it with backoff. Not the message's fault; attempts are not counted.
+    Unavailable(String),
+}
+
+/// SQLSTATE classes and codes that repeat for the same input.
+fn permanent_code(code: &str) -> bool {
+    // 22 data exception (22021 bad byte sequence, 22P05 untranslatable character, 22001
+    // string too long), 23 integrity constraint violation, 54 program limit exceeded
+    // (54000 index row too big).
+    code.starts_with("22") || code.starts_with("23") || code.starts_with("54")
+}
+
+/// SQLSTATE classes and codes that mean the database is away or read-only.
+fn unavailable_code(code: &str) -> bool {
+    // 08 connection exception, 53 insufficient resources, 57P01-57P05 shutdown and
+    // crash recovery, 25006 read-only transaction (a standby after a failover).
+    code.starts_with("08") || code.starts_with("53") || code.starts_with("57P") || code == "25006"
+}
+
+/// The failure a database error makes.
+pub(crate) fn of_sqlx(error: &sqlx::Error, what: String) -> Failure {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => Failure::Unavailable(what),
+        sqlx::Error::Encode(_) => Failure::Permanent(what),
+        _ => match error.as_database_error().and_then(|d| d.code()) {
+            Some(code) if permanent_code(&code) => Failure::Permanent(what),
+            Some(code) if unavailable_code(&code) => Failure::Unavailable(what),
+            _ => Failure::Transient(what),
+        },
+    }
+}
+
+/// The failure an error of the inbox's own statements makes.
+pub(crate) fn of_error(error: &Error) -> Failure {
+    let what = error.to_string();
+    match error {
+        Error::Database(e) => of_sqlx(e, what),
+        _ => Failure::Transient(what),
+    }
+}
+
+/// Whether a database error in a handler repeats for the same input.
+pub(crate) fn sqlx_is_permanent(error: &sqlx::Error) -> bool {
+    matches!(of_sqlx(error, String::new()), Failure::Permanent(_))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_map_to_what_repeats() {
+        for code in ["22021", "22P05", "23505", "54000", "22001"] {
+            assert!(permanent_code(code), "{code}");
+            assert!(!unavailable_code(code), "{code}");
+        }
+        for code in ["08006", "53300", "57P01", "57P03", "25006"] {
+            assert!(unavailable_code(code), "{code}");
+            assert!(!permanent_code(code), "{code}");
+        }
+        for code in ["40001", "40P01", "55P03", "57014", "42P01"] {
+            assert!(!unavailable_code(code) && !permanent_code(code), "{code} is retried, bounded");
+        }
+        assert_eq!(of_sqlx(&sqlx::Error::PoolTimedOut, "x".into()), Failure::Unavailable("x".into()));
+        assert_eq!(of_sqlx(&sqlx::Error::RowNotFound, "x".into()), Failure::Transient("x".into()));
+        assert_eq!(
+            of_error(&Error::Config("c".into())),
+            Failure::Transient("invalid configuration: c".into())
+        );
+    }
+}

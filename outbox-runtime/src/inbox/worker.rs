@@ -1,0 +1,249 @@
+//! One partition's worker: processes its records in order, each to a recorded outcome.
+//!
+//! A failure is classified ([`Failure`]): what repeats by nature is parked at once, what may
+//! pass is retried with backoff up to `max_attempts` and then parked with the last error,
+//! and an unreachable database is waited for (attempts are not counted while it does not
+//! answer). Every retry is counted (`inbox_messages_total{outcome="retry"}`) and logged at
+//! warn, at most every [`WARN_EVERY`] per worker, with event_id, topic, partition, offset
+//! and attempt. A record whose parking itself fails is parked once more without its
+//! headers; if even that fails the worker reports a fatal error and `run()` ends with it.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
+use rdkafka::message::OwnedMessage;
+use sqlx::PgPool;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info_span, warn, Instrument};
+
+use super::consume::Shared;
+use super::failure::{self, Failure};
+use super::message::Incoming;
+use super::store::{Outcome, Store};
+use super::{Handlers, InboxStats};
+use crate::relay::backoff_delay;
+
+/// The least time between two retry warnings of one worker (the others are logged at debug,
+/// and counted in the next warning).
+pub(crate) const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// What one partition's worker needs.
+pub(crate) struct Worker {
+    pub(crate) pool: PgPool,
+    pub(crate) store: Arc<Store>,
+    pub(crate) handlers: Arc<Handlers>,
+    pub(crate) stats: Arc<InboxStats>,
+    pub(crate) consumer: String,
+    pub(crate) backoff: (Duration, Duration),
+    pub(crate) max_attempts: u32,
+    pub(crate) place: (String, i32),
+    pub(crate) generation: u64,
+    pub(crate) shared: Arc<Shared>,
+    /// Cancelled when the partition is revoked, at shutdown, or on a fatal error.
+    pub(crate) stop: CancellationToken,
+}
+
+/// How one record ended in this worker.
+enum Settled {
+    /// It has its outcome.
+    Done,
+    /// The worker was stopped first: the record is redelivered later.
+    Abandoned,
+}
+
+/// Warnings at most every [`WARN_EVERY`].
+struct Throttle {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl Throttle {
+    /// `Some(suppressed since the last warning)` when a warning may be logged now.
+    fn allow(&mut self) -> Option<u64> {
+        if self.last.is_some_and(|t| t.elapsed() < WARN_EVERY) {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(Instant::now());
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_owned())
+}
+
+impl Worker {
+    /// Processes `rx` in order until it closes or the worker is stopped.
+    pub(crate) async fn run(self, mut rx: mpsc::Receiver<OwnedMessage>) {
+        let mut throttle = Throttle { last: None, suppressed: 0 };
+        loop {
+            let message = tokio::select! {
+                biased;
+                () = self.stop.cancelled() => return, // not started: redelivered
+                message = rx.recv() => match message { Some(m) => m, None => return },
+            };
+            self.shared.made_room(&self.place);
+            let incoming = Incoming::read(&message);
+            drop(message);
+            let event_id = incoming.meta.as_ref().map(|m| m.event_id.to_string()).unwrap_or_default();
+            let span = info_span!("inbox_message", consumer = %self.consumer, topic = %incoming.topic,
+                                  partition = incoming.partition, offset = incoming.offset, event_id = %event_id);
+            let settled = self.settle(&incoming, &event_id, &mut throttle).instrument(span).await;
+            match settled {
+                Ok(Settled::Done) => {
+                    self.shared.finish(&self.place, self.generation, incoming.offset + 1);
+                }
+                Ok(Settled::Abandoned) => return,
+                Err(fatal) => {
+                    self.shared.fail(fatal);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One try: the outcome, or how it failed.
+    async fn try_once(&self, incoming: &Incoming) -> Result<Outcome, Failure> {
+        let processed =
+            AssertUnwindSafe(self.store.process(&self.pool, &self.handlers, incoming)).catch_unwind().await;
+        match processed {
+            Ok(Ok(Outcome::RetryLater(reason))) => Err(Failure::Transient(format!("handler: {reason}"))),
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(error)) => Err(failure::of_error(&error)),
+            // A panicking handler fails the same way next time.
+            Err(panic) => Err(Failure::Permanent(format!("handler panicked: {}", panic_text(&*panic)))),
+        }
+    }
+
+    /// Parks `incoming` with `reason`; when the full record cannot be stored, once more
+    /// without its headers.
+    async fn park(&self, incoming: &Incoming, reason: &str, minimal: bool) -> Result<Outcome, Failure> {
+        let parked = if minimal {
+            let mut bare = incoming.clone();
+            bare.headers.clear();
+            bare.raw_headers.clear();
+            AssertUnwindSafe(self.store.park_after_rollback(&self.pool, &bare, reason, None))
+                .catch_unwind()
+                .await
+        } else {
+            AssertUnwindSafe(self.store.park_after_rollback(&self.pool, incoming, reason, None))
+                .catch_unwind()
+                .await
+        };
+        match parked {
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(error)) => Err(failure::of_error(&error)),
+            Err(panic) => Err(Failure::Permanent(format!("parking panicked: {}", panic_text(&*panic)))),
+        }
+    }
+
+    /// Whether the database answers (a failure then was the message's, not the database's).
+    async fn database_answers(&self) -> bool {
+        let ping = sqlx::query("SELECT 1").execute(&self.pool);
+        matches!(tokio::time::timeout(Duration::from_secs(5), ping).await, Ok(Ok(_)))
+    }
+
+    /// Brings `incoming` to an outcome. `Err` is fatal: the record cannot even be parked.
+    async fn settle(
+        &self,
+        incoming: &Incoming,
+        event_id: &str,
+        throttle: &mut Throttle,
+    ) -> Result<Settled, String> {
+        let started = Instant::now();
+        let (base, max) = self.backoff;
+        // Counted attempts (the message's fault), and tries of any kind (for the backoff).
+        let (mut attempts, mut tries) = (0u32, 0u32);
+        let mut parking: Option<String> = None;
+        let mut minimal = false;
+        loop {
+            tries += 1;
+            let result = match &parking {
+                None => self.try_once(incoming).await,
+                Some(reason) => self.park(incoming, reason, minimal).await,
+            };
+            let failure = match result {
+                Ok(outcome) => {
+                    if let Outcome::Parked(reason) = &outcome {
+                        warn!(consumer = %self.consumer, event_id, topic = %incoming.topic, partition = incoming.partition,
+                              offset = incoming.offset, attempt = tries, stage = "inbox", %reason, "message parked");
+                    }
+                    self.stats.record(&self.consumer, &outcome);
+                    metrics::histogram!(crate::metrics::INBOX_APPLY_SECONDS, "consumer" => self.consumer.clone())
+                        .record(started.elapsed().as_secs_f64());
+                    return Ok(Settled::Done);
+                }
+                Err(failure) => failure,
+            };
+            let fatal = |reason: &str| {
+                format!(
+                    "record {}/{}@{} cannot be parked, not even without its headers: {reason}",
+                    incoming.topic, incoming.partition, incoming.offset
+                )
+            };
+            let (reason, counted) = match failure {
+                Failure::Permanent(reason) => match (&parking, minimal) {
+                    (None, _) => {
+                        parking = Some(reason);
+                        continue;
+                    }
+                    (Some(_), false) => {
+                        minimal = true;
+                        parking = parking.map(|r| format!("{r} (parked without its headers: {reason})"));
+                        continue;
+                    }
+                    (Some(_), true) => return Err(fatal(&reason)),
+                },
+                Failure::Unavailable(reason) => (reason, false),
+                // Counted only while the database answers: otherwise it was the database.
+                Failure::Transient(reason) => (reason, self.database_answers().await),
+            };
+            if counted {
+                attempts += 1;
+            }
+            if attempts >= self.max_attempts {
+                attempts = 0;
+                match (&parking, minimal) {
+                    (None, _) => {
+                        parking = Some(format!(
+                            "gave up after {} attempts; last error: {reason}",
+                            self.max_attempts
+                        ));
+                        continue;
+                    }
+                    (Some(_), false) => {
+                        minimal = true;
+                        parking = parking.map(|r| format!("{r} (parked without its headers: {reason})"));
+                        continue;
+                    }
+                    (Some(_), true) => return Err(fatal(&reason)),
+                }
+            }
+            self.stats.record(&self.consumer, &Outcome::RetryLater(String::new()));
+            let delay = backoff_delay(base, max, tries);
+            let stage = if parking.is_some() { "park" } else { "inbox" };
+            let cause = if counted { "failure that may pass" } else { "database unavailable" };
+            match throttle.allow() {
+                Some(suppressed) => warn!(consumer = %self.consumer, event_id, topic = %incoming.topic,
+                                          partition = incoming.partition, offset = incoming.offset, attempt = tries,
+                                          counted_attempts = attempts, max_attempts = self.max_attempts, stage,
+                                          %reason, retry_in = ?delay, suppressed, "{cause}; retrying"),
+                None => {
+                    debug!(consumer = %self.consumer, event_id, attempt = tries, stage, %reason, "{cause}; retrying")
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = self.stop.cancelled() => return Ok(Settled::Abandoned),
+            }
+        }
+    }
+}
