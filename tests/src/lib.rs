@@ -30,6 +30,7 @@ pub async fn outbox_rows(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM public.outbox").fetch_one(pool).await.expect("count")
 }
 
+pub mod fuzz;
 pub mod kafka;
 pub mod raw;
 
@@ -95,12 +96,23 @@ pub struct Rng(u64);
 impl Rng {
     /// Seeded from `OUTBOX_TEST_SEED` or the clock; prints the seed.
     pub fn from_env(name: &str) -> Rng {
+        Rng::seeded(Rng::seed_from_env(name))
+    }
+
+    /// `OUTBOX_TEST_SEED`, or one from the clock; printed with `name`, so that a failing
+    /// run can be repeated.
+    pub fn seed_from_env(name: &str) -> u64 {
         let seed = std::env::var("OUTBOX_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(1, |d| d.as_nanos() as u64)
         });
         eprintln!("{name}: OUTBOX_TEST_SEED={seed}");
+        seed
+    }
+
+    /// The generator of `seed`.
+    pub fn seeded(seed: u64) -> Rng {
         Rng(seed | 1)
     }
 

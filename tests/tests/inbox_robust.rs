@@ -325,3 +325,204 @@ async fn settings_that_cannot_work_are_refused_by_name(pool: PgPool) {
     }
     Inbox::new(pool.clone(), base(), Handlers::new()).expect("the defaults are valid");
 }
+
+/// A handler that never finishes for account `stuck`, and fails transiently for ever for
+/// account `busy`.
+#[derive(Clone, Default)]
+struct Stubborn;
+
+impl EventHandler<Credit> for Stubborn {
+    async fn handle(&self, tx: &mut PgConnection, credit: Credit, meta: &Meta) -> Result<(), HandlerError> {
+        match credit.account.as_str() {
+            "stuck" => std::future::pending::<()>().await,
+            "busy" => return Err(HandlerError::transient("the ledger is busy")),
+            _ => {}
+        }
+        Ledger::default().handle(tx, credit, meta).await
+    }
+}
+
+async fn start_with<H: EventHandler<Credit> + Clone>(
+    pool: &PgPool,
+    config: InboxConfig,
+    handler: H,
+) -> Running {
+    let inbox = Inbox::new(pool.clone(), config, Handlers::new().on::<Credit, _>(handler)).expect("inbox");
+    inbox.migrator().run(pool).await.expect("migrate");
+    let stats = inbox.stats();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(inbox.run(stop.clone()));
+    Running { stop, task, stats }
+}
+
+/// Fault: a handler that fails transiently every time. Invariant 11: after `max_attempts`
+/// it is parked with the last error, counted as retries on the way, and the key's later
+/// records are held while other keys flow.
+#[sqlx::test(migrations = false)]
+async fn a_failure_that_always_passes_for_transient_is_parked_after_the_attempt_limit(pool: PgPool) {
+    let s = setup(&pool, 1).await;
+    s.credit(0, "busy", 1);
+    s.credit(0, "busy", 2);
+    s.credit(0, "other", 3);
+    s.producer.flush();
+    let running = start_with(&pool, s.config("limited").max_attempts(4), Stubborn).await;
+    let stats = running.stats.clone();
+    let settled = eventually(Duration::from_secs(20), || async {
+        stats.parked() + stats.held() + stats.applied() == 3
+    })
+    .await;
+    let parked = parked(&pool).await;
+    running.shutdown().await;
+    assert!(settled, "parked {parked:?}");
+    assert_eq!(stats.retries(), 3, "three retries before the fourth and last attempt");
+    assert_eq!((stats.parked(), stats.held(), stats.applied()), (1, 1, 1));
+    assert_eq!(parked[0].1, "parked");
+    assert!(
+        parked[0].2.starts_with("gave up after 4 attempts; last error: handler: the ledger is busy"),
+        "{}",
+        parked[0].2
+    );
+    assert_eq!(parked[1].1, "held");
+    assert_eq!(applied_amounts(&pool).await, vec![3]);
+}
+
+/// Fault: a handler that never returns. `run()` returns within the shutdown timeout after
+/// cancel, the stuck record's transaction is rolled back, and its offset is not committed.
+#[sqlx::test(migrations = false)]
+async fn run_returns_within_the_shutdown_timeout_whatever_a_handler_does(pool: PgPool) {
+    let s = setup(&pool, 1).await;
+    s.credit(0, "first", 1);
+    s.credit(0, "stuck", 2);
+    s.producer.flush();
+    let config = s.config("stuck").shutdown_timeout(Duration::from_secs(2));
+    let running = start_with(&pool, config, Stubborn).await;
+    let stats = running.stats.clone();
+    assert!(eventually(Duration::from_secs(20), || async { stats.applied() == 1 }).await);
+    tokio::time::sleep(Duration::from_millis(500)).await; // the stuck record is in hand
+    let took = running.shutdown().await;
+    assert!(took < Duration::from_secs(4), "run() took {took:?} to return after cancel");
+    assert_eq!(applied_amounts(&pool).await, vec![1]);
+    let inbox_rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM inbox").fetch_one(&pool).await.expect("rows");
+    assert_eq!(inbox_rows, 1, "the abandoned record's transaction rolled back");
+    assert_eq!(committed(&s, "stuck", 1), vec![1], "committed up to the stuck record, not past it");
+}
+
+/// Neighbour: the same key on two topics. A parked record holds back later records of its
+/// key in its own topic only (before, holds spanned every topic).
+#[sqlx::test(migrations = false)]
+async fn a_parked_record_holds_its_key_in_its_own_topic_only(pool: PgPool) {
+    let s = setup(&pool, 1).await;
+    let other = format!("robust-other-{}", Uuid::new_v4().simple());
+    s.kafka.create_topic(&other, 1).await;
+    let broken =
+        RawRecord::text(0, "shared", b"not json", &credit_headers(Uuid::now_v7(), Some("shared"), None));
+    s.producer.send(&s.topic, &broken);
+    s.credit(0, "shared", 1); // held behind it
+    s.producer.flush();
+    let running = start(&pool, s.config("topics"), &Ledger::default()).await;
+    let stats = running.stats.clone();
+    assert!(eventually(Duration::from_secs(20), || async { stats.parked() == 1 && stats.held() == 1 }).await);
+    running.shutdown().await;
+    // The same key on another topic is not held.
+    let id = Uuid::now_v7();
+    let record =
+        RawRecord::text(0, "shared", &credit_payload("shared", 2), &credit_headers(id, Some("shared"), None));
+    s.producer.send(&other, &record);
+    s.producer.flush();
+    let config = InboxConfig::new("topics", s.kafka.bootstrap(), [s.topic.clone(), other.clone()])
+        .commit_interval(Duration::from_millis(100));
+    let running = start(&pool, config, &Ledger::default()).await;
+    let stats = running.stats.clone();
+    let applied = eventually(Duration::from_secs(20), || async { stats.applied() == 1 }).await;
+    running.shutdown().await;
+    assert!(applied, "the other topic's record applies: held {}", stats.held());
+    assert_eq!(applied_amounts(&pool).await, vec![2]);
+}
+
+/// Fault: a record that cannot be recorded at all (the parked table refuses every row).
+/// The consumer must not live on without it: `run()` ends with `Error::Inbox` at once.
+#[sqlx::test(migrations = false)]
+async fn a_record_that_cannot_be_recorded_ends_run_with_an_error(pool: PgPool) {
+    let s = setup(&pool, 1).await;
+    let inbox = Inbox::new(pool.clone(), s.config("fatal"), Handlers::new()).expect("inbox");
+    inbox.migrator().run(&pool).await.expect("migrate");
+    sqlx::query("ALTER TABLE inbox_parked ADD CONSTRAINT refuse_all CHECK (false) NOT VALID")
+        .execute(&pool)
+        .await
+        .expect("constraint");
+    s.producer.send(&s.topic, &RawRecord::text(0, "k", b"not json", &[]));
+    s.producer.flush();
+    let stop = CancellationToken::new();
+    let ended = tokio::time::timeout(Duration::from_secs(30), inbox.run(stop)).await;
+    match ended {
+        Ok(Err(Error::Inbox(message))) => {
+            assert!(message.contains("cannot be parked"), "{message}");
+            assert!(message.contains(&format!("{}/0@0", s.topic)), "names the record: {message}");
+        }
+        other => panic!("run() must end with Error::Inbox, got {other:?}"),
+    }
+}
+
+/// Neighbour: a second member joins the group mid-stream while the first holds every
+/// partition. The revoke stops the first member's workers of the partitions handed over,
+/// drops their queued records and commits what they finished (a broker may refuse that
+/// commit during the rebalance: librdkafka's mock cluster does); the new owner reads on
+/// from the committed offsets. Every record applies exactly once, nothing is lost, and at
+/// the end every partition's committed offset is at its end.
+#[sqlx::test(migrations = false)]
+async fn a_member_joining_mid_stream_takes_partitions_over_without_loss_or_double_effects(pool: PgPool) {
+    let s = setup(&pool, 4).await;
+    for n in 0..40 {
+        s.credit(n % 4, &format!("acc-{n}"), n.into());
+    }
+    s.producer.flush();
+    let config = s.config("rebalance");
+    let first = start(&pool, config.clone(), &Ledger::default()).await;
+    let stats = first.stats.clone();
+    assert!(eventually(Duration::from_secs(20), || async { stats.applied() == 40 }).await);
+    let second = start(&pool, config, &Ledger::default()).await;
+    let joined = second.stats.clone();
+    // Records keep coming until the second member applies some: it owns partitions then.
+    let mut n = 40;
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while joined.applied() == 0 && Instant::now() < deadline {
+        for _ in 0..4 {
+            s.credit(n % 4, &format!("acc-{n}"), n.into());
+            n += 1;
+        }
+        s.producer.flush();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let total = u64::try_from(n).expect("count");
+    let all =
+        eventually(Duration::from_secs(40), || async { stats.applied() + joined.applied() == total }).await;
+    let (a, b) = (first.stats.clone(), second.stats.clone());
+    first.shutdown().await;
+    second.shutdown().await;
+    assert!(all, "applied {} + {} of {total}", a.applied(), b.applied());
+    assert!(b.applied() > 0, "the second member took partitions over");
+    assert_eq!(applied_amounts(&pool).await, (0..i64::from(n)).collect::<Vec<i64>>(), "each record once");
+    let ends: Vec<i64> = (0..4).map(|p| i64::from((n + 3 - p) / 4)).collect();
+    assert_eq!(committed(&s, "rebalance", 4), ends, "committed to the end of every partition");
+    eprintln!("redelivered and absorbed: {} + {}", a.duplicates(), b.duplicates());
+}
+
+fn committed(s: &Setup, group: &str, partitions: i32) -> Vec<i64> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", s.kafka.bootstrap())
+        .set("group.id", group)
+        .create()
+        .expect("client");
+    let mut list = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        list.add_partition(&s.topic, p);
+    }
+    let offsets = consumer.committed_offsets(list, Duration::from_secs(10)).expect("committed");
+    offsets
+        .elements()
+        .iter()
+        .map(|e| if let rdkafka::Offset::Offset(o) = e.offset() { o } else { -1 })
+        .collect()
+}

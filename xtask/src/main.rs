@@ -13,6 +13,7 @@ mod bench;
 mod broker;
 mod chaos;
 mod demo;
+mod fuzz;
 mod schema;
 mod typegen;
 
@@ -34,6 +35,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Runs service, 2 relays and 2 consumers as processes, kills them at random, checks nothing is lost or applied twice.
     Chaos(chaos::ChaosArgs),
+    /// Adversarial runs: records nobody planned for, with a JSON verdict.
+    #[command(subcommand)]
+    Fuzz(fuzz::FuzzCommand),
     /// Benchmarks: the outbox's costs as ratios against baselines measured in the same run.
     Bench(bench::BenchArgs),
     /// Generates consumer types from the committed schemas (or checks them with --check).
@@ -70,5 +74,6 @@ fn main() -> ExitCode {
         Command::Chaos(args) => chaos::run(args),
         Command::Typegen(args) => typegen::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Fuzz(cmd) => fuzz::run(cmd),
     }
 }

@@ -4,10 +4,11 @@
 //!
 //! State shared by the loop, the workers and the rebalance callbacks sits in [`Shared`]
 //! behind one mutex, never held across an await:
-//! - each owned partition has a worker with a bounded queue and an overflow for the few
-//!   records that arrive while it is being paused; a worker that takes a record from a
-//!   paused partition's queue wakes the loop, which refills the queue and resumes the
-//!   partition once it is half empty (invariant 11);
+//! - each owned partition has a worker with a bounded queue and an overflow behind it; the
+//!   loop never waits on a queue. When the overflow is as long as the queue the partition
+//!   is paused at the broker, so the others go on and memory stays bounded; a worker that
+//!   takes a record wakes the loop, which refills the queue from the overflow and resumes
+//!   the partition once the overflow is empty (invariant 11);
 //! - a worker reports the next offset to commit after each outcome; the loop commits those
 //!   of partitions it owns, and a revoke commits the revoked partitions' finished offsets
 //!   synchronously before the revoke completes, stops their workers and drops their queued
@@ -92,10 +93,10 @@ impl Shared {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A worker took a record off `place`'s queue.
+    /// A worker took a record off `place`'s queue: records waiting in its overflow can move.
     pub(crate) fn made_room(&self, place: &Place) {
-        let paused = self.lock().partitions.get(place).is_some_and(|p| p.paused.load(Ordering::Relaxed));
-        if paused {
+        let waiting = self.lock().partitions.get(place).is_some_and(|p| !p.overflow.is_empty());
+        if waiting {
             self.room.notify_one();
         }
     }
@@ -187,6 +188,8 @@ impl ConsumerContext for InboxContext {
                 }
                 let committed = if self.shared.live.load(Ordering::SeqCst) { commit.count() } else { 0 };
                 if committed > 0 {
+                    // A broker may refuse it while the group rebalances (librdkafka's mock
+                    // cluster does, Kafka accepts it): the records come back and are absorbed.
                     if let Err(error) = consumer.commit(&commit, CommitMode::Sync) {
                         warn!(consumer = %self.shared.consumer, stage = "rebalance", %error,
                               "commit of revoked partitions failed; their last records may be redelivered and absorbed");
@@ -411,7 +414,10 @@ impl Inbox {
             message
         };
         partition.overflow.push_back(message);
-        let newly_paused = !partition.paused.swap(true, Ordering::Relaxed);
+        // Pausing costs a refetch (up to fetch.wait.max.ms) on resume: only when the
+        // overflow is as long as the queue, so at most twice the queue waits in memory.
+        let newly_paused = partition.overflow.len() >= self.config.queue_per_partition
+            && !partition.paused.swap(true, Ordering::Relaxed);
         drop(guard);
         if newly_paused {
             let mut list = TopicPartitionList::new();
@@ -424,8 +430,8 @@ impl Inbox {
         }
     }
 
-    /// Moves overflowed records into their workers' queues and resumes partitions whose
-    /// queue is at most half full.
+    /// Moves overflowed records into their workers' queues and resumes paused partitions
+    /// whose overflow is empty.
     fn refill(&self, consumer: &StreamConsumer<InboxContext>, shared: &Shared) {
         let mut resume = TopicPartitionList::new();
         {
@@ -441,10 +447,9 @@ impl Inbox {
                         }
                     }
                 }
-                if p.overflow.is_empty()
-                    && p.paused.load(Ordering::Relaxed)
-                    && queue.capacity() * 2 >= queue.max_capacity()
-                {
+                // The queue still holds up to its capacity: work for the worker while the
+                // resumed partition is fetched again.
+                if p.overflow.is_empty() && p.paused.load(Ordering::Relaxed) {
                     p.paused.store(false, Ordering::Relaxed);
                     let _ = resume.add_partition(&place.0, place.1);
                 }
