@@ -16,8 +16,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use outbox_runtime::inbox::{EventHandler, HandlerError, Handlers, Inbox, InboxConfig, Meta};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
@@ -519,30 +517,6 @@ enum Fate {
     Ignore,
 }
 
-/// Committed offsets of `group` on `topic`'s partitions (-1 when none).
-fn committed(bootstrap: &str, group: &str, topic: &str, partitions: i32) -> Vec<i64> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", group)
-        .create()
-        .expect("client");
-    let mut list = TopicPartitionList::new();
-    for p in 0..partitions {
-        list.add_partition(topic, p);
-    }
-    let offsets = consumer.committed_offsets(list, Duration::from_secs(10)).expect("committed offsets");
-    offsets.elements().iter().map(|e| if let Offset::Offset(o) = e.offset() { o } else { -1 }).collect()
-}
-
-/// Low and high watermarks of `topic`'s partitions.
-fn watermarks(bootstrap: &str, topic: &str, partitions: i32) -> Vec<(i64, i64)> {
-    let consumer: BaseConsumer =
-        ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("client");
-    (0..partitions)
-        .map(|p| consumer.fetch_watermarks(topic, p, Duration::from_secs(10)).expect("watermarks"))
-        .collect()
-}
-
 /// Produces `records` generated from `seed` to a new topic of `partitions`, consumes them
 /// with an inbox on `pool`, and judges what it recorded.
 pub async fn run(pool: &PgPool, kafka: &Kafka, records: usize, seed: u64, partitions: i32) -> Verdict {
@@ -697,7 +671,7 @@ pub async fn run(pool: &PgPool, kafka: &Kafka, records: usize, seed: u64, partit
         }
     }
     let ends: Vec<i64> = generator.next_offset.clone();
-    let watermarks = watermarks(kafka.bootstrap(), &topic, partitions);
+    let watermarks = kafka.watermarks(&topic, partitions);
     verdict.broker_dropped = watermarks.iter().map(|(low, _)| *low).sum();
     let highs: Vec<i64> = watermarks.iter().map(|(_, high)| *high).collect();
     if verdict.broker_dropped != 0 || highs != ends {
@@ -707,7 +681,7 @@ pub async fn run(pool: &PgPool, kafka: &Kafka, records: usize, seed: u64, partit
         ));
         verdict.broker_dropped = verdict.broker_dropped.max(1);
     }
-    let committed = committed(kafka.bootstrap(), &consumer, &topic, partitions);
+    let committed = kafka.committed(&consumer, &topic, partitions);
     verdict.offsets_behind =
         ends.iter().zip(&committed).map(|(end, c)| if *end == 0 { 0 } else { end - (*c).max(0) }).sum();
     if verdict.offsets_behind != 0 {

@@ -101,6 +101,30 @@ impl Kafka {
         }
     }
 
+    /// The offsets `group` committed on `topic`'s first `partitions` partitions (-1: none).
+    pub fn committed(&self, group: &str, topic: &str, partitions: i32) -> Vec<i64> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("group.id", group)
+            .create()
+            .expect("client");
+        let mut list = TopicPartitionList::new();
+        for p in 0..partitions {
+            list.add_partition(topic, p);
+        }
+        let offsets = consumer.committed_offsets(list, Duration::from_secs(10)).expect("committed offsets");
+        offsets.elements().iter().map(|e| if let Offset::Offset(o) = e.offset() { o } else { -1 }).collect()
+    }
+
+    /// Low and high watermarks of `topic`'s first `partitions` partitions.
+    pub fn watermarks(&self, topic: &str, partitions: i32) -> Vec<(i64, i64)> {
+        let consumer: BaseConsumer =
+            ClientConfig::new().set("bootstrap.servers", &self.bootstrap).create().expect("client");
+        (0..partitions)
+            .map(|p| consumer.fetch_watermarks(topic, p, Duration::from_secs(10)).expect("watermarks"))
+            .collect()
+    }
+
     /// Reads every record of `topic` below its high watermarks at the time of the call,
     /// partition by partition (one assigned partition at a time works with every broker
     /// tried), within `timeout`. Returns them in partition then offset order.

@@ -12,10 +12,9 @@ use outbox_runtime::inbox::{
 use outbox_runtime::OutboxEvent;
 use outbox_tests::eventually;
 use outbox_tests::kafka::Kafka;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::ClientConfig;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
@@ -470,27 +469,6 @@ async fn stale_versions_are_absorbed_and_gaps_counted(pool: PgPool) {
     assert_eq!(row, (4, 1, 1));
 }
 
-fn committed(kafka: &Kafka, group: &str, topic: &str, partitions: i32) -> Vec<i64> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka.bootstrap())
-        .set("group.id", group)
-        .create()
-        .expect("client");
-    let mut list = TopicPartitionList::new();
-    for p in 0..partitions {
-        list.add_partition(topic, p);
-    }
-    let offsets = consumer.committed_offsets(list, Duration::from_secs(10)).expect("committed");
-    offsets
-        .elements()
-        .iter()
-        .map(|e| match e.offset() {
-            Offset::Offset(o) => o,
-            _ => -1,
-        })
-        .collect()
-}
-
 #[sqlx::test(migrations = false)]
 async fn a_crash_between_db_commit_and_offset_commit_redelivers_and_absorbs(pool: PgPool) {
     // Fault: the consumer dies after its PostgreSQL commits but before any offset commit
@@ -507,7 +485,7 @@ async fn a_crash_between_db_commit_and_offset_commit_redelivers_and_absorbs(pool
     assert!(eventually(Duration::from_secs(30), || async { stats.applied() == 6 }).await);
     first.task.abort();
     let _ = first.task.await;
-    assert_eq!(committed(&s.kafka, "crash", &s.topic, 3), [-1, -1, -1], "no offset was committed");
+    assert_eq!(s.kafka.committed("crash", &s.topic, 3), [-1, -1, -1], "no offset was committed");
 
     let (second, _) = start(&pool, s.config("crash"), &ledger).await;
     let again = second.stats.clone();
@@ -519,7 +497,7 @@ async fn a_crash_between_db_commit_and_offset_commit_redelivers_and_absorbs(pool
     second.shutdown().await;
     assert_eq!(again.applied(), 0);
     assert_eq!(credits(&pool).await.len(), 6, "each effect once");
-    let after: i64 = committed(&s.kafka, "crash", &s.topic, 3).iter().filter(|o| **o >= 0).sum();
+    let after: i64 = s.kafka.committed("crash", &s.topic, 3).iter().filter(|o| **o >= 0).sum();
     assert_eq!(after, 6, "the graceful stop committed every finished offset");
 }
 
@@ -545,13 +523,11 @@ async fn committed_offsets_never_pass_an_unfinished_message(pool: PgPool) {
         "partition 1 proceeds"
     );
     assert!(
-        eventually(Duration::from_secs(10), || async {
-            committed(&s.kafka, "parallel", &s.topic, 3)[1] == 2
-        })
-        .await,
+        eventually(Duration::from_secs(10), || async { s.kafka.committed("parallel", &s.topic, 3)[1] == 2 })
+            .await,
         "partition 1 commits past its finished messages"
     );
-    let while_blocked = committed(&s.kafka, "parallel", &s.topic, 3);
+    let while_blocked = s.kafka.committed("parallel", &s.topic, 3);
     assert!(
         while_blocked[0] < 1,
         "partition 0 is not committed past the unfinished message: {while_blocked:?}"
@@ -561,10 +537,8 @@ async fn committed_offsets_never_pass_an_unfinished_message(pool: PgPool) {
     gate.add_permits(1);
     assert!(eventually(Duration::from_secs(30), || async { stats.applied() == 4 }).await);
     assert!(
-        eventually(Duration::from_secs(10), || async {
-            committed(&s.kafka, "parallel", &s.topic, 3)[0] == 2
-        })
-        .await
+        eventually(Duration::from_secs(10), || async { s.kafka.committed("parallel", &s.topic, 3)[0] == 2 })
+            .await
     );
     running.shutdown().await;
 }

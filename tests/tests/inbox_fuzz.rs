@@ -1,7 +1,9 @@
 //! The inbox against a seeded generator of records nobody planned for (invariants 7, 8, 9,
-//! 11): see `outbox_tests::fuzz`. Bounded here (2,000 records, or `OUTBOX_FUZZ_RECORDS`);
-//! `cargo xtask fuzz inbox --records N --seed S` runs it long. A failing run prints its
-//! seed: `OUTBOX_TEST_SEED=<seed> cargo test -p outbox-tests --test inbox_fuzz` repeats it.
+//! 11): see `outbox_tests::fuzz`. Bounded here (2,000 records over 4 partitions, or
+//! `OUTBOX_FUZZ_RECORDS` and `OUTBOX_FUZZ_PARTITIONS`); `cargo xtask fuzz inbox --records N
+//! --seed S` runs this test long and prints its verdict (the line `fuzz verdict: {...}`). A
+//! failing run prints its seed: `OUTBOX_TEST_SEED=<seed> cargo test -p outbox-tests --test
+//! inbox_fuzz` repeats it.
 
 use outbox_tests::fuzz::{self, Expected};
 use outbox_tests::kafka::Kafka;
@@ -12,8 +14,9 @@ use sqlx::PgPool;
 async fn every_unplanned_record_gets_exactly_one_outcome_and_valid_events_apply_once(pool: PgPool) {
     let seed = Rng::seed_from_env("inbox_fuzz");
     let records = std::env::var("OUTBOX_FUZZ_RECORDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2000);
-    let verdict = fuzz::run(&pool, &Kafka::start(), records, seed, 4).await;
-    eprintln!("{}", serde_json::to_string_pretty(&verdict).expect("json"));
+    let partitions = std::env::var("OUTBOX_FUZZ_PARTITIONS").ok().and_then(|s| s.parse().ok()).unwrap_or(4);
+    let verdict = fuzz::run(&pool, &Kafka::start(), records, seed, partitions).await;
+    eprintln!("fuzz verdict: {}", serde_json::to_string(&verdict).expect("json"));
     // Not vacuous: the run exercised every outcome.
     for outcome in [
         Expected::Applied,

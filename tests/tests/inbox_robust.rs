@@ -405,7 +405,11 @@ async fn run_returns_within_the_shutdown_timeout_whatever_a_handler_does(pool: P
     let inbox_rows: i64 =
         sqlx::query_scalar("SELECT count(*) FROM inbox").fetch_one(&pool).await.expect("rows");
     assert_eq!(inbox_rows, 1, "the abandoned record's transaction rolled back");
-    assert_eq!(committed(&s, "stuck", 1), vec![1], "committed up to the stuck record, not past it");
+    assert_eq!(
+        s.kafka.committed("stuck", &s.topic, 1),
+        vec![1],
+        "committed up to the stuck record, not past it"
+    );
 }
 
 /// Neighbour: the same key on two topics. A parked record holds back later records of its
@@ -504,25 +508,6 @@ async fn a_member_joining_mid_stream_takes_partitions_over_without_loss_or_doubl
     assert!(b.applied() > 0, "the second member took partitions over");
     assert_eq!(applied_amounts(&pool).await, (0..i64::from(n)).collect::<Vec<i64>>(), "each record once");
     let ends: Vec<i64> = (0..4).map(|p| i64::from((n + 3 - p) / 4)).collect();
-    assert_eq!(committed(&s, "rebalance", 4), ends, "committed to the end of every partition");
+    assert_eq!(s.kafka.committed("rebalance", &s.topic, 4), ends, "committed to the end of every partition");
     eprintln!("redelivered and absorbed: {} + {}", a.duplicates(), b.duplicates());
-}
-
-fn committed(s: &Setup, group: &str, partitions: i32) -> Vec<i64> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", s.kafka.bootstrap())
-        .set("group.id", group)
-        .create()
-        .expect("client");
-    let mut list = rdkafka::TopicPartitionList::new();
-    for p in 0..partitions {
-        list.add_partition(&s.topic, p);
-    }
-    let offsets = consumer.committed_offsets(list, Duration::from_secs(10)).expect("committed");
-    offsets
-        .elements()
-        .iter()
-        .map(|e| if let rdkafka::Offset::Offset(o) = e.offset() { o } else { -1 })
-        .collect()
 }

@@ -1,13 +1,13 @@
 //! `cargo xtask fuzz inbox --records N --seed S`: the inbox against a seeded generator of
-//! records nobody planned for (`outbox_tests::fuzz`), long. Prints a JSON verdict; exits 0
-//! when every guarantee held, 1 when one broke (the seed repeats the run), 2 on bad
-//! arguments (clap's).
+//! records nobody planned for (`outbox_tests::fuzz`), long. It runs the bounded test
+//! (`tests/tests/inbox_fuzz.rs`) with more records, so that xtask does not link the test
+//! crate (whose test events would join the schema registry), and prints the test's JSON
+//! verdict. Exits 0 when every guarantee held, 1 when one broke (the seed repeats the run),
+//! 2 on bad arguments (clap's).
 
-use std::process::ExitCode;
+use std::process::{Command, ExitCode, Stdio};
 
 use clap::{Args, Subcommand};
-use outbox_tests::kafka::Kafka;
-use sqlx::postgres::PgPoolOptions;
 
 #[derive(Subcommand)]
 pub(crate) enum FuzzCommand {
@@ -18,59 +18,57 @@ pub(crate) enum FuzzCommand {
 #[derive(Args)]
 pub(crate) struct InboxArgs {
     /// Records to generate.
-    #[arg(long, default_value_t = 20_000)]
-    records: usize,
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    records: u64,
     /// Seed of the generator (default: from the clock; printed in the verdict).
     #[arg(long)]
     seed: Option<u64>,
     /// Partitions of the topic (default: one per 2,500 records, 4 to 64, so that the mock
     /// cluster's 5 MB per partition log keeps every record).
-    #[arg(long, value_parser = clap::value_parser!(i32).range(1..=64))]
-    partitions: Option<i32>,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
+    partitions: Option<u64>,
 }
 
-type Failure = Box<dyn std::error::Error + Send + Sync>;
+const VERDICT: &str = "fuzz verdict: ";
 
 pub(crate) fn run(command: FuzzCommand) -> ExitCode {
     let FuzzCommand::Inbox(args) = command;
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
+    let partitions = args.partitions.unwrap_or_else(|| args.records.div_ceil(2500).clamp(4, 64));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let mut test = Command::new(cargo);
+    test.args(["test", "--quiet", "-p", "outbox-tests", "--test", "inbox_fuzz", "--", "--nocapture"])
+        .env("OUTBOX_FUZZ_RECORDS", args.records.to_string())
+        .env("OUTBOX_FUZZ_PARTITIONS", partitions.to_string())
+        .env("RUST_BACKTRACE", "0")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if let Some(seed) = args.seed {
+        test.env("OUTBOX_TEST_SEED", seed.to_string());
+    }
+    eprintln!("fuzz inbox: {} records over {partitions} partitions", args.records);
+    let output = match test.output() {
+        Ok(output) => output,
         Err(e) => {
-            eprintln!("fuzz: {e}");
+            eprintln!("fuzz inbox: cannot run the fuzz test: {e}");
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(inbox(args)) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
-        Err(e) => {
-            eprintln!("fuzz failed: {e}");
-            ExitCode::from(1)
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let verdict = stderr.lines().find_map(|line| line.strip_prefix(VERDICT));
+    match verdict {
+        Some(json) => println!("{json}"),
+        None => {
+            // No verdict: the run itself failed; show what it said.
+            eprintln!("{stderr}");
+            eprintln!("fuzz inbox: the run ended without a verdict");
+            return ExitCode::from(1);
         }
     }
-}
-
-async fn inbox(args: InboxArgs) -> Result<bool, Failure> {
-    let seed = args.seed.unwrap_or_else(|| outbox_tests::Rng::seed_from_env("fuzz inbox"));
-    let base = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| outbox_examples::relay_process::DEFAULT_DATABASE_URL.to_owned());
-    let admin = PgPoolOptions::new().max_connections(1).connect(&base).await?;
-    let url = crate::fresh_database(&admin, &base, "outbox_fuzz").await?;
-    let pool = PgPoolOptions::new().max_connections(10).connect(&url).await?;
-    let partitions = args
-        .partitions
-        .unwrap_or_else(|| i32::try_from(args.records.div_ceil(2500).clamp(4, 64)).unwrap_or(4));
-    let kafka = Kafka::start();
-    eprintln!(
-        "fuzz inbox: {} records, seed {seed}, {} partitions, broker {}",
-        args.records,
-        partitions,
-        kafka.bootstrap()
-    );
-    let verdict = outbox_tests::fuzz::run(&pool, &kafka, args.records, seed, partitions).await;
-    println!("{}", serde_json::to_string(&verdict)?);
-    if !verdict.ok() {
+    if output.status.success() {
+        ExitCode::SUCCESS
+    } else {
+        let seed = stderr.lines().find_map(|l| l.split("OUTBOX_TEST_SEED=").nth(1)).unwrap_or("?");
         eprintln!("fuzz inbox: a guarantee broke; repeat with --seed {seed}");
+        ExitCode::from(1)
     }
-    Ok(verdict.ok())
 }

@@ -54,6 +54,28 @@ enum Settled {
     Abandoned,
 }
 
+/// What the worker tries next for a record: process it, park it, or park it without its
+/// headers (the last resort when the full row cannot be stored).
+enum Stage {
+    Process,
+    Park(String),
+    ParkBare(String),
+}
+
+impl Stage {
+    /// The next stage after a failure that will not pass at this one (`reason`: why to park,
+    /// `error`: what failed); `None` when none is left.
+    fn escalate(self, reason: String, error: &str) -> Option<Stage> {
+        match self {
+            Stage::Process => Some(Stage::Park(reason)),
+            Stage::Park(parked) => {
+                Some(Stage::ParkBare(format!("{parked} (parked without its headers: {error})")))
+            }
+            Stage::ParkBare(_) => None,
+        }
+    }
+}
+
 /// Warnings at most every [`WARN_EVERY`].
 struct Throttle {
     last: Option<Instant>,
@@ -126,18 +148,16 @@ impl Worker {
     /// Parks `incoming` with `reason`; when the full record cannot be stored, once more
     /// without its headers.
     async fn park(&self, incoming: &Incoming, reason: &str, minimal: bool) -> Result<Outcome, Failure> {
-        let parked = if minimal {
-            let mut bare = incoming.clone();
-            bare.headers.clear();
-            bare.raw_headers.clear();
-            AssertUnwindSafe(self.store.park_after_rollback(&self.pool, &bare, reason, None))
-                .catch_unwind()
-                .await
+        let bare;
+        let record = if minimal {
+            bare = Incoming { headers: Default::default(), raw_headers: Vec::new(), ..incoming.clone() };
+            &bare
         } else {
-            AssertUnwindSafe(self.store.park_after_rollback(&self.pool, incoming, reason, None))
-                .catch_unwind()
-                .await
+            incoming
         };
+        let parked = AssertUnwindSafe(self.store.park_after_rollback(&self.pool, record, reason, None))
+            .catch_unwind()
+            .await;
         match parked {
             Ok(Ok(outcome)) => Ok(outcome),
             Ok(Err(error)) => Err(failure::of_error(&error)),
@@ -162,13 +182,13 @@ impl Worker {
         let (base, max) = self.backoff;
         // Counted attempts (the message's fault), and tries of any kind (for the backoff).
         let (mut attempts, mut tries) = (0u32, 0u32);
-        let mut parking: Option<String> = None;
-        let mut minimal = false;
+        let mut stage = Stage::Process;
         loop {
             tries += 1;
-            let result = match &parking {
-                None => self.try_once(incoming).await,
-                Some(reason) => self.park(incoming, reason, minimal).await,
+            let result = match &stage {
+                Stage::Process => self.try_once(incoming).await,
+                Stage::Park(reason) => self.park(incoming, reason, false).await,
+                Stage::ParkBare(reason) => self.park(incoming, reason, true).await,
             };
             let failure = match result {
                 Ok(outcome) => {
@@ -183,25 +203,20 @@ impl Worker {
                 }
                 Err(failure) => failure,
             };
-            let fatal = |reason: &str| {
+            let fatal = || {
                 format!(
-                    "record {}/{}@{} cannot be parked, not even without its headers: {reason}",
+                    "record {}/{}@{} cannot be parked, not even without its headers",
                     incoming.topic, incoming.partition, incoming.offset
                 )
             };
             let (reason, counted) = match failure {
-                Failure::Permanent(reason) => match (&parking, minimal) {
-                    (None, _) => {
-                        parking = Some(reason);
-                        continue;
-                    }
-                    (Some(_), false) => {
-                        minimal = true;
-                        parking = parking.map(|r| format!("{r} (parked without its headers: {reason})"));
-                        continue;
-                    }
-                    (Some(_), true) => return Err(fatal(&reason)),
-                },
+                Failure::Permanent(reason) => {
+                    let park_reason = reason.clone();
+                    stage = stage
+                        .escalate(park_reason, &reason)
+                        .ok_or_else(|| format!("{}: {reason}", fatal()))?;
+                    continue;
+                }
                 Failure::Unavailable(reason) => (reason, false),
                 // Counted only while the database answers: otherwise it was the database.
                 Failure::Transient(reason) => (reason, self.database_answers().await),
@@ -211,25 +226,13 @@ impl Worker {
             }
             if attempts >= self.max_attempts {
                 attempts = 0;
-                match (&parking, minimal) {
-                    (None, _) => {
-                        parking = Some(format!(
-                            "gave up after {} attempts; last error: {reason}",
-                            self.max_attempts
-                        ));
-                        continue;
-                    }
-                    (Some(_), false) => {
-                        minimal = true;
-                        parking = parking.map(|r| format!("{r} (parked without its headers: {reason})"));
-                        continue;
-                    }
-                    (Some(_), true) => return Err(fatal(&reason)),
-                }
+                let gave_up = format!("gave up after {} attempts; last error: {reason}", self.max_attempts);
+                stage = stage.escalate(gave_up, &reason).ok_or_else(|| format!("{}: {reason}", fatal()))?;
+                continue;
             }
             self.stats.record(&self.consumer, &Outcome::RetryLater(String::new()));
             let delay = backoff_delay(base, max, tries);
-            let stage = if parking.is_some() { "park" } else { "inbox" };
+            let stage = if matches!(stage, Stage::Process) { "inbox" } else { "park" };
             let cause = if counted { "failure that may pass" } else { "database unavailable" };
             match throttle.allow() {
                 Some(suppressed) => warn!(consumer = %self.consumer, event_id, topic = %incoming.topic,
