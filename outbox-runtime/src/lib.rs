@@ -58,6 +58,7 @@ pub mod cli;
 mod error;
 mod event;
 pub mod inbox;
+mod kafka_settings;
 pub mod metrics;
 mod migrate;
 pub mod ops;

@@ -535,6 +535,7 @@ pub async fn run(pool: &PgPool, kafka: &Kafka, records: usize, seed: u64, partit
     let consumer = format!("fuzz-{}", Uuid::new_v4().simple());
     let config = InboxConfig::new(&consumer, kafka.bootstrap(), [topic.clone()])
         .queue_per_partition(16)
+        .buffer_per_partition(16 * 1024)
         .max_attempts(MAX_ATTEMPTS)
         .backoff(Duration::from_millis(5), Duration::from_millis(20))
         .commit_interval(Duration::from_millis(100))

@@ -211,7 +211,8 @@ async fn a_stalled_partition_does_not_stop_the_others(pool: PgPool) {
     let s = setup(&pool, 2).await;
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let ledger = Ledger { gate: Some(gate.clone()), ..Ledger::default() };
-    let running = start(&pool, s.config("stalled").queue_per_partition(4), &ledger).await;
+    let running =
+        start(&pool, s.config("stalled").queue_per_partition(4).buffer_per_partition(4096), &ledger).await;
     s.credit(0, "slow", 0);
     for n in 1..=60 {
         s.credit(0, &format!("p0-{n}"), n);

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::kafka_settings::{canonical, redacted};
 
 const MS: Duration = Duration::from_millis(1);
 const HOUR: Duration = Duration::from_secs(3600);
@@ -12,8 +13,9 @@ const DAY: Duration = Duration::from_secs(86_400);
 
 /// How an inbox consumer runs. Every setting has a default except consumer, brokers, topics;
 /// [`Inbox::new`](super::Inbox::new) refuses values that cannot work with
-/// [`Error::Config`] naming the setting.
-#[derive(Debug, Clone)]
+/// [`Error::Config`] naming the setting. Its `Debug` redacts secrets among the Kafka
+/// settings.
+#[derive(Clone)]
 pub struct InboxConfig {
     pub(crate) consumer: String,
     pub(crate) brokers: String,
@@ -27,12 +29,37 @@ pub struct InboxConfig {
     pub(crate) backoff_max: Duration,
     pub(crate) max_attempts: u32,
     pub(crate) queue_per_partition: usize,
+    pub(crate) buffer_per_partition: usize,
     pub(crate) commit_interval: Duration,
     pub(crate) operator_poll_interval: Duration,
     pub(crate) shutdown_timeout: Duration,
     pub(crate) cleanup_interval: Duration,
     pub(crate) cleanup_batch: u32,
     pub(crate) kafka: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for InboxConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InboxConfig")
+            .field("consumer", &self.consumer)
+            .field("brokers", &self.brokers)
+            .field("topics", &self.topics)
+            .field("schema", &self.schema)
+            .field("table", &self.table)
+            .field("dedup_retention", &self.dedup_retention)
+            .field("replay_window", &self.replay_window)
+            .field("refuse_short_retention", &self.refuse_short_retention)
+            .field("backoff", &(self.backoff_base, self.backoff_max))
+            .field("max_attempts", &self.max_attempts)
+            .field("queue_per_partition", &self.queue_per_partition)
+            .field("buffer_per_partition", &self.buffer_per_partition)
+            .field("commit_interval", &self.commit_interval)
+            .field("operator_poll_interval", &self.operator_poll_interval)
+            .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("cleanup", &(self.cleanup_interval, self.cleanup_batch))
+            .field("kafka", &redacted(&self.kafka))
+            .finish()
+    }
 }
 
 impl InboxConfig {
@@ -56,6 +83,7 @@ impl InboxConfig {
             backoff_max: Duration::from_secs(30),
             max_attempts: 10,
             queue_per_partition: 256,
+            buffer_per_partition: 64 * 1024 * 1024,
             commit_interval: Duration::from_millis(500),
             operator_poll_interval: Duration::from_secs(2),
             shutdown_timeout: Duration::from_secs(30),
@@ -126,11 +154,24 @@ impl InboxConfig {
         self
     }
 
-    /// Messages buffered per partition ahead of its worker; a partition whose buffer is
-    /// full is paused at the broker, the others go on. Between 1 and 1,000,000. Default: 256.
+    /// Records handed to each partition's worker ahead of the one in hand. The receive loop
+    /// never waits on a worker: records beyond this wait in the partition's buffer (see
+    /// [`InboxConfig::buffer_per_partition`]) while the other partitions go on. Between 1
+    /// and 1,000,000. Default: 256.
     #[must_use]
     pub fn queue_per_partition(mut self, messages: usize) -> Self {
         self.queue_per_partition = messages;
+        self
+    }
+
+    /// Bytes (keys, values and headers) of records that may wait per partition behind a
+    /// worker that is behind, before the partition is paused at the broker; it is resumed
+    /// once half of that is left. Pausing costs a fetch again on resume, so this is a bound
+    /// on memory, not a flow control for every burst (librdkafka buffers 64 MiB per
+    /// partition by default as well). Between 1 KiB and 1 TiB. Default: 64 MiB.
+    #[must_use]
+    pub fn buffer_per_partition(mut self, bytes: usize) -> Self {
+        self.buffer_per_partition = bytes;
         self
     }
 
@@ -214,10 +255,16 @@ impl InboxConfig {
         }
         count("max_attempts", u64::from(self.max_attempts))?;
         count("queue_per_partition", self.queue_per_partition as u64)?;
-        for fixed in ["enable.auto.commit", "enable.auto.offset.store", "group.id"] {
-            if self.kafka.contains_key(fixed) {
+        if !(1024..=1 << 40).contains(&self.buffer_per_partition) {
+            return Err(Error::Config(format!(
+                "inbox setting buffer_per_partition is {} bytes: it must be between 1 KiB and 1 TiB",
+                self.buffer_per_partition
+            )));
+        }
+        for key in self.kafka.keys() {
+            if ["enable.auto.commit", "enable.auto.offset.store", "group.id"].contains(&canonical(key)) {
                 return Err(Error::Config(format!(
-                    "inbox kafka_setting {fixed} cannot be set: the inbox commits offsets itself, after each \
+                    "inbox kafka_setting {key} cannot be set: the inbox commits offsets itself, after each \
                      transaction, and its group is the consumer name"
                 )));
             }
@@ -265,7 +312,10 @@ mod tests {
             (base().max_attempts(0), "max_attempts"),
             (base().queue_per_partition(0), "queue_per_partition"),
             (base().queue_per_partition(usize::MAX), "queue_per_partition"),
+            (base().buffer_per_partition(10), "buffer_per_partition"),
             (base().kafka_setting("enable.auto.commit", "true"), "enable.auto.commit"),
+            (base().kafka_setting("auto.commit.enable", "true"), "auto.commit.enable"),
+            (base().kafka_setting("topic.auto.commit.enable", "true"), "topic.auto.commit.enable"),
             (InboxConfig::new("", "b", ["t"]), "consumer"),
             (InboxConfig::new("c", "b", [""]), "topics"),
             (InboxConfig::new("c", "b", Vec::<String>::new()), "topics"),
@@ -279,5 +329,16 @@ mod tests {
             }
         }
         base().dedup_retention(None).max_attempts(1).queue_per_partition(1).validate().expect("edges");
+    }
+
+    #[test]
+    fn debug_never_shows_a_secret() {
+        let config = InboxConfig::new("c", "b", ["t"])
+            .kafka_setting("sasl.password", "hunter2")
+            .kafka_setting("ssl.key.password", "hunter3")
+            .kafka_setting("security.protocol", "SASL_SSL");
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("hunter"), "{shown}");
+        assert!(shown.contains("SASL_SSL") && shown.contains("(redacted)"), "{shown}");
     }
 }

@@ -4,11 +4,11 @@
 //!
 //! State shared by the loop, the workers and the rebalance callbacks sits in [`Shared`]
 //! behind one mutex, never held across an await:
-//! - each owned partition has a worker with a bounded queue and an overflow behind it; the
-//!   loop never waits on a queue. When the overflow is as long as the queue the partition
-//!   is paused at the broker, so the others go on and memory stays bounded; a worker that
-//!   takes a record wakes the loop, which refills the queue from the overflow and resumes
-//!   the partition once the overflow is empty (invariant 11);
+//! - each owned partition has a worker with a bounded queue and a buffer behind it; the
+//!   loop never waits on a queue, so a slow partition never holds up the others. When the
+//!   buffer holds `buffer_per_partition` bytes the partition is paused at the broker, so
+//!   memory stays bounded; a worker that takes a record wakes the loop, which refills the
+//!   queue from the buffer and resumes the partition once half is left (invariant 11);
 //! - a worker reports the next offset to commit after each outcome; the loop commits those
 //!   of partitions it owns, and a revoke commits the revoked partitions' finished offsets
 //!   synchronously before the revoke completes, stops their workers and drops their queued
@@ -47,6 +47,8 @@ struct Partition {
     generation: u64,
     queue: Option<mpsc::Sender<OwnedMessage>>,
     overflow: VecDeque<OwnedMessage>,
+    /// Bytes of the records in `overflow`.
+    overflow_bytes: usize,
     paused: Arc<AtomicBool>,
     stop: CancellationToken,
     /// The next offset to commit (after the last record with an outcome, all earlier ones
@@ -398,6 +400,7 @@ impl Inbox {
                 generation: state.generation,
                 queue: Some(tx),
                 overflow: VecDeque::new(),
+                overflow_bytes: 0,
                 paused: Arc::new(AtomicBool::new(false)),
                 stop,
                 finished: None,
@@ -413,10 +416,10 @@ impl Inbox {
         } else {
             message
         };
+        partition.overflow_bytes += size_of(&message);
         partition.overflow.push_back(message);
-        // Pausing costs a refetch (up to fetch.wait.max.ms) on resume: only when the
-        // overflow is as long as the queue, so at most twice the queue waits in memory.
-        let newly_paused = partition.overflow.len() >= self.config.queue_per_partition
+        // Pausing costs a fetch again on resume: only past the memory bound.
+        let newly_paused = partition.overflow_bytes >= self.config.buffer_per_partition
             && !partition.paused.swap(true, Ordering::Relaxed);
         drop(guard);
         if newly_paused {
@@ -431,7 +434,7 @@ impl Inbox {
     }
 
     /// Moves overflowed records into their workers' queues and resumes paused partitions
-    /// whose overflow is empty.
+    /// whose overflow is down to half the queue's size.
     fn refill(&self, consumer: &StreamConsumer<InboxContext>, shared: &Shared) {
         let mut resume = TopicPartitionList::new();
         {
@@ -439,17 +442,20 @@ impl Inbox {
             for (place, p) in &mut state.partitions {
                 let Some(queue) = &p.queue else { continue };
                 while let Some(message) = p.overflow.pop_front() {
+                    let size = size_of(&message);
                     match queue.try_send(message) {
-                        Ok(()) => {}
+                        Ok(()) => p.overflow_bytes = p.overflow_bytes.saturating_sub(size),
                         Err(TrySendError::Full(m) | TrySendError::Closed(m)) => {
                             p.overflow.push_front(m);
                             break;
                         }
                     }
                 }
-                // The queue still holds up to its capacity: work for the worker while the
-                // resumed partition is fetched again.
-                if p.overflow.is_empty() && p.paused.load(Ordering::Relaxed) {
+                // Resumed while half the buffer still holds work for the worker, so that
+                // fetching again (a round trip or more) does not leave it idle.
+                if p.overflow_bytes <= self.config.buffer_per_partition / 2
+                    && p.paused.load(Ordering::Relaxed)
+                {
                     p.paused.store(false, Ordering::Relaxed);
                     let _ = resume.add_partition(&place.0, place.1);
                 }
@@ -481,6 +487,7 @@ impl Inbox {
             for p in state.partitions.values_mut() {
                 p.queue = None;
                 p.overflow.clear();
+                p.overflow_bytes = 0;
             }
         }
         tracker.close();
@@ -511,6 +518,13 @@ impl Inbox {
                   "the Kafka consumer did not close within the shutdown timeout; left closing in the background");
         }
     }
+}
+
+/// What a record weighs in a partition's buffer: key, value, headers and bookkeeping.
+fn size_of(message: &OwnedMessage) -> usize {
+    use rdkafka::message::Headers;
+    let headers = message.headers().map_or(0, |h| h.count() * 64);
+    message.key().map_or(0, <[u8]>::len) + message.payload().map_or(0, <[u8]>::len) + headers + 256
 }
 
 /// Commits finished offsets that moved (`all`: every finished offset).
