@@ -130,15 +130,32 @@ impl NewEvent {
 }
 
 /// The INSERT (and NOTIFY) of [`Outbox::append_batch`], one statement, one round trip.
-pub(crate) fn insert_sql(names: &Names, notify: bool) -> String {
+pub(crate) fn insert_sql(names: &Names, notify: bool, lock_aggregates: bool) -> String {
     let notify = if notify { "pg_notify($10, '')" } else { "NULL" };
+    // The aggregates' locks, in one order (sorted keys), before any row is inserted: the
+    // scalar subquery in the INSERT's WHERE is evaluated first, once.
+    let (lock, after_lock) = if lock_aggregates {
+        (
+            format!(
+                "locked AS ( \
+                   SELECT count(pg_advisory_xact_lock(k)) AS n FROM ( \
+                     SELECT DISTINCT hashtextextended('outbox:' || '{table}:' || a.at || ':' || a.ai, 0) AS k \
+                     FROM unnest($2::text[], $3::text[]) AS a(at, ai) ORDER BY 1) keys), ",
+                table = names.outbox.replace('\'', "")
+            ),
+            "WHERE (SELECT n FROM locked) >= 0",
+        )
+    } else {
+        (String::new(), "")
+    };
     format!(
-        "WITH inserted AS ( \
+        "WITH {lock}inserted AS ( \
            INSERT INTO {outbox} (event_id, aggregate_type, aggregate_id, aggregate_version, \
                                  event_type, schema_version, topic, payload, headers) \
            SELECT e, at, ai, av, et, sv, t, p::json, h::jsonb \
            FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::int[], \
                        $7::text[], $8::text[], $9::text[]) AS u(e, at, ai, av, et, sv, t, p, h) \
+           {after_lock} \
            RETURNING 1) \
          SELECT (SELECT count(*) FROM inserted), {notify}",
         outbox = names.outbox
@@ -181,7 +198,10 @@ impl Outbox {
     }
 
     /// Appends several events, in order, with one statement. Either all are appended or,
-    /// when one is too large, none.
+    /// when one is too large, none. Near capacity a batch is refused with
+    /// [`Error::Backpressure`] only when every event in it is non-critical: a batch holding a
+    /// critical event is appended whole. Each aggregate's lock is taken first, in one fixed
+    /// order (see [`OutboxConfig::lock_aggregates`](crate::OutboxConfig::lock_aggregates)).
     pub async fn append_batch(&self, conn: &mut PgConnection, events: &[NewEvent]) -> Result<()> {
         let max = self.config().max_record_bytes;
         if let Some(big) = events.iter().find(|e| e.record_bytes > max) {
@@ -195,8 +215,10 @@ impl Outbox {
         if events.is_empty() {
             return Ok(());
         }
-        if let Some(event) = events.iter().find(|e| !e.critical) {
-            self.admit_non_critical(&mut *conn, event.event_type).await?;
+        // A batch is refused near capacity only when none of it is critical: a critical
+        // event is never refused, and a batch goes in whole or not at all.
+        if events.iter().all(|e| !e.critical) {
+            self.admit_non_critical(&mut *conn, events[0].event_type).await?;
         }
         let column = |f: fn(&NewEvent) -> String| events.iter().map(f).collect::<Vec<_>>();
         let ids: Vec<Uuid> = events.iter().map(|e| e.event_id).collect();

@@ -21,6 +21,7 @@ pub struct OutboxConfig {
     pub(crate) work_partitions: u32,
     pub(crate) max_record_bytes: usize,
     pub(crate) notify: bool,
+    pub(crate) lock_aggregates: bool,
     pub(crate) capacity: Option<Capacity>,
     pub(crate) refuse_non_critical_at: f64,
     pub(crate) capacity_check_interval: Duration,
@@ -62,6 +63,7 @@ impl Default for OutboxConfig {
             work_partitions: 32,
             max_record_bytes: 1_000_000,
             notify: true,
+            lock_aggregates: true,
             capacity: None,
             refuse_non_critical_at: 0.8,
             capacity_check_interval: Duration::from_secs(1),
@@ -108,6 +110,20 @@ impl OutboxConfig {
     #[must_use]
     pub fn notify(mut self, notify: bool) -> Self {
         self.notify = notify;
+        self
+    }
+
+    /// Whether append serialises the appends of one aggregate (invariant 13): it takes a
+    /// transaction-level advisory lock on each aggregate it appends to (a batch takes them
+    /// in one fixed order), so a second transaction appending to the same aggregate waits
+    /// until the first ends, and the aggregate's events get ids, and reach Kafka, in commit
+    /// order. Without it, two transactions that append to one aggregate without locking a
+    /// row of their own can commit in the other order and the relay publish the later event
+    /// first. Turn it off only when every caller already locks the aggregate (e.g. `UPDATE`
+    /// of its row before appending). Default: true.
+    #[must_use]
+    pub fn lock_aggregates(mut self, lock: bool) -> Self {
+        self.lock_aggregates = lock;
         self
     }
 
@@ -179,7 +195,9 @@ impl Outbox {
         if config.capacity.is_some_and(|c| c.limit() == 0) {
             return Err(Error::Config("capacity must be above 0".to_owned()));
         }
-        let insert_sql = AssertSqlSafe(crate::append::insert_sql(&names, config.notify)).into_sql_str();
+        let insert_sql =
+            AssertSqlSafe(crate::append::insert_sql(&names, config.notify, config.lock_aggregates))
+                .into_sql_str();
         Ok(Outbox { inner: Arc::new(Inner { config, names, insert_sql, fill: Mutex::new(None) }) })
     }
 

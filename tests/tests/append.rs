@@ -280,3 +280,33 @@ async fn near_capacity_non_critical_appends_are_refused_and_critical_ones_never(
     let err = tiny.append_with(&mut tx, &blob(10), non_critical()).await.expect_err("over");
     assert!(err.to_string().contains("bytes): non-critical event test.blob refused"), "{err}");
 }
+
+/// Fault: a batch near capacity that mixes one non-critical event with a critical one.
+/// Before the fix the whole batch was refused with `Backpressure`, critical event included,
+/// and a caller going on without it committed its transition without its event
+/// (invariant 1). A batch holding a critical event is appended whole.
+#[sqlx::test(migrations = false)]
+async fn a_batch_with_a_critical_event_is_never_refused(pool: PgPool) {
+    migrate(&pool).await;
+    let outbox = Outbox::new(
+        OutboxConfig::default()
+            .capacity(outbox_runtime::Capacity::Rows(2))
+            .capacity_check_interval(std::time::Duration::ZERO),
+    )
+    .expect("outbox");
+    let blob = |id: u64| Blob { id, data: "x".into() };
+    let mut tx = pool.begin().await.expect("begin");
+    outbox.append(&mut tx, &blob(0)).await.expect("critical");
+    outbox.append(&mut tx, &blob(1)).await.expect("critical, at capacity");
+    let mixed = vec![
+        NewEvent::new(&blob(2), AppendOptions::default().critical(false)).expect("event"),
+        NewEvent::new(&blob(3), AppendOptions::default()).expect("event"),
+    ];
+    outbox.append_batch(&mut tx, &mixed).await.expect("a batch with a critical event goes in whole");
+    let only_non_critical =
+        vec![NewEvent::new(&blob(4), AppendOptions::default().critical(false)).expect("event")];
+    let refused = outbox.append_batch(&mut tx, &only_non_critical).await;
+    assert!(matches!(refused, Err(Error::Backpressure { .. })), "{refused:?}");
+    tx.commit().await.expect("commit");
+    assert_eq!(outbox_rows(&pool).await, 4);
+}

@@ -370,3 +370,88 @@ async fn relays_share_partitions_and_shutdown_hands_over_at_once(pool: PgPool) {
     let records = kafka.read_all(TOPIC, Duration::from_secs(30));
     assert!(has_all(&ids)(&records));
 }
+
+/// Fault: two transactions append versions 1 and 2 of one aggregate without locking a row
+/// of their own, and the later one tries to commit first while a relay runs. Invariant 13:
+/// the toolkit serialises the appends (the second waits for the first), so Kafka carries
+/// v1 before v2. Before the fix the second committed first, the relay published v2 at
+/// offset 0 and v1 after it, and a consumer marked v1 stale.
+#[sqlx::test(migrations = false)]
+async fn appends_to_one_aggregate_reach_kafka_in_commit_order_without_caller_locks(pool: PgPool) {
+    let kafka = Kafka::start();
+    kafka.create_topic(TOPIC, 1).await;
+    let outbox = migrate(&pool).await;
+    let relay = start(&pool, &outbox, quick(&kafka));
+    let id = format!("unlocked-{}", Uuid::new_v4().simple());
+    let step = |n: i64| Step { id: id.clone(), n, data: String::new() };
+    let mut first = pool.begin().await.expect("begin");
+    outbox
+        .append_with(&mut first, &step(1), AppendOptions::default().aggregate_version(1))
+        .await
+        .expect("append v1");
+    let second = {
+        let (pool, outbox, event) = (pool.clone(), outbox.clone(), step(2));
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.expect("begin");
+            outbox
+                .append_with(&mut tx, &event, AppendOptions::default().aggregate_version(2))
+                .await
+                .expect("append v2");
+            tx.commit().await.expect("commit v2");
+        })
+    };
+    // Give the second transaction every chance to commit first, and the relay to publish it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    first.commit().await.expect("commit v1");
+    second.await.expect("second transaction");
+    assert!(eventually(Duration::from_secs(20), || async { rows_in(&pool, "published").await == 2 }).await);
+    relay.shutdown().await;
+    let records = kafka.read_all(TOPIC, Duration::from_secs(20));
+    let versions: Vec<String> = records_for(&records, &id)
+        .iter()
+        .map(|r| r.headers.get("ce_aggregateversion").cloned().unwrap_or_default())
+        .collect();
+    assert_eq!(versions, ["1", "2"], "Kafka order follows the aggregate's versions");
+}
+
+/// Fault: marks fail (the database turned read-only, as after a failover to a standby)
+/// while the broker works. Before the fix the relay claimed the same unmarked batch again
+/// at once and republished it in a tight loop until its lease lapsed; now it backs off
+/// after each failed mark, and marks the rows once the database takes writes again.
+#[sqlx::test(migrations = false)]
+async fn failed_marks_back_off_instead_of_republishing_in_a_loop(pool: PgPool) {
+    let kafka = Kafka::mock();
+    kafka.create_topic(TOPIC, 1).await;
+    let outbox = migrate(&pool).await;
+    sqlx::query(
+        "CREATE FUNCTION refuse_marks() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           RAISE EXCEPTION 'cannot execute UPDATE in a read-only transaction' USING ERRCODE = '25006'; END $$",
+    )
+    .execute(&pool)
+    .await
+    .expect("function");
+    sqlx::query(
+        "CREATE TRIGGER read_only BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION refuse_marks()",
+    )
+    .execute(&pool)
+    .await
+    .expect("trigger");
+    let ids = append_steps(&pool, &outbox, "read-only", 3, "x").await;
+    let relay = start(
+        &pool,
+        &outbox,
+        quick(&kafka).backoff_base(Duration::from_millis(200)).backoff_max(Duration::from_secs(2)),
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let sent_while_read_only = kafka.read_all(TOPIC, Duration::from_secs(10)).len();
+    sqlx::query("DROP TRIGGER read_only ON outbox").execute(&pool).await.expect("writable again");
+    let marked =
+        eventually(Duration::from_secs(20), || async { rows_in(&pool, "published").await == 3 }).await;
+    relay.shutdown().await;
+    // 3 rows a try; backing off from 200 ms doubling to 2 s makes at most ~6 tries in 4 s,
+    // where a loop makes hundreds.
+    assert!(sent_while_read_only <= 3 * 8, "{sent_while_read_only} records sent while marks failed");
+    assert!(sent_while_read_only >= 3, "the batch was sent");
+    assert!(marked, "marked once the database takes writes");
+    assert!(has_all(&ids)(&kafka.read_all(TOPIC, Duration::from_secs(10))));
+}

@@ -104,23 +104,41 @@ impl Outbox {
         if dry_run {
             return Ok(report);
         }
-        let update = format!(
-            "UPDATE {t} SET status = 'pending', next_attempt_at = '-infinity', last_error = NULL \
-             WHERE id IN (SELECT id FROM {t} WHERE status = 'published' AND {FILTER} ORDER BY id LIMIT $5)"
+        // The set is fixed at the start: rows published by then, up to the highest id then.
+        // Pages follow an id cursor, so a row the relay has just republished (published
+        // again, after the start) is never picked up a second time, and the loop ends even
+        // while a relay runs.
+        let (started, last_id): (f64, i64) = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT EXTRACT(EPOCH FROM now())::float8, coalesce(max(id), 0) FROM {t}"
+        )))
+        .fetch_one(pool)
+        .await?;
+        let page = format!(
+            "WITH page AS ( \
+               SELECT id FROM {t} WHERE status = 'published' AND id > $5 AND id <= $6 \
+                 AND published_at <= to_timestamp($7) AND {FILTER} ORDER BY id LIMIT $8), \
+             done AS ( \
+               UPDATE {t} SET status = 'pending', next_attempt_at = '-infinity', last_error = NULL \
+               WHERE id IN (SELECT id FROM page) AND status = 'published' RETURNING 1) \
+             SELECT (SELECT max(id) FROM page), (SELECT count(*) FROM done)"
         );
+        let mut cursor = 0_i64;
         loop {
-            let done = sqlx::query(AssertSqlSafe(update.as_str()))
+            let (page_end, done): (Option<i64>, i64) = sqlx::query_as(AssertSqlSafe(page.as_str()))
                 .bind(&filter.event_type)
                 .bind(&filter.aggregate_id)
                 .bind(since)
                 .bind(until)
+                .bind(cursor)
+                .bind(last_id)
+                .bind(started)
                 .bind(REPLAY_BATCH)
-                .execute(pool)
-                .await?
-                .rows_affected();
-            report.replayed += done;
-            if done < REPLAY_BATCH.unsigned_abs() {
-                break;
+                .fetch_one(pool)
+                .await?;
+            report.replayed += u64::try_from(done).unwrap_or(0);
+            match page_end {
+                Some(end) => cursor = end,
+                None => break,
             }
         }
         if report.replayed > 0 && self.config().notify {

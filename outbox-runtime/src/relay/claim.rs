@@ -65,10 +65,13 @@ pub(crate) struct Statements {
 }
 
 /// Rows are marked only while this relay holds the row's partition with the same token.
+/// The lease row is locked `FOR SHARE` until the mark commits: a takeover (an `UPDATE` of
+/// that row, or the acquire's `FOR UPDATE SKIP LOCKED`) cannot commit in between, even when
+/// the mark waits on a row lock after its snapshot saw the old token.
 const FENCE: &str = "EXISTS (SELECT 1 FROM {leases} l \
                      JOIN unnest($F1::int[], $F2::bigint[]) AS mine(p, tok) \
                        ON l.work_partition = mine.p AND l.token = mine.tok \
-                     WHERE l.work_partition = o.work_partition AND l.owner = $F0)";
+                     WHERE l.work_partition = o.work_partition AND l.owner = $F0 FOR SHARE OF l)";
 
 fn fence(names: &Names, first: usize) -> String {
     FENCE

@@ -29,7 +29,7 @@ mod lease;
 mod publish;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,13 +47,15 @@ use self::claim::{Fence, Marks, Row, Statements};
 use self::lease::Leases;
 use self::publish::Sent;
 use crate::error::{Error, Result};
+use crate::kafka_settings::{canonical, is_secret, redacted};
 use crate::outbox::Outbox;
 
 pub(crate) use self::backoff::delay as backoff_delay;
 pub use crate::cleanup::Cleanup;
 
-/// How a relay runs. Every setting has a default except the brokers.
-#[derive(Debug, Clone)]
+/// How a relay runs. Every setting has a default except the brokers. Its `Debug` redacts
+/// secrets among the producer settings.
+#[derive(Clone)]
 pub struct RelayConfig {
     brokers: String,
     batch_size: u32,
@@ -66,6 +68,24 @@ pub struct RelayConfig {
     source: String,
     producer: BTreeMap<String, String>,
     cleanup: Option<Cleanup>,
+}
+
+impl std::fmt::Debug for RelayConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayConfig")
+            .field("brokers", &self.brokers)
+            .field("batch_size", &self.batch_size)
+            .field("poll_interval", &self.poll_interval)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("message_timeout", &self.message_timeout)
+            .field("backoff_base", &self.backoff_base)
+            .field("backoff_max", &self.backoff_max)
+            .field("max_attempts", &self.max_attempts)
+            .field("source", &self.source)
+            .field("producer", &redacted(&self.producer))
+            .field("cleanup", &self.cleanup)
+            .finish()
+    }
 }
 
 impl RelayConfig {
@@ -164,9 +184,43 @@ impl RelayConfig {
         self
     }
 
+    /// Checks every setting against the relay's guarantees (invariant 12): a send must end
+    /// within its lease, and nothing may weaken acks=all, idempotence or per-partition
+    /// order, whatever name or alias sets it.
     fn validate(&self) -> Result<()> {
         if self.batch_size == 0 || self.batch_size > 100_000 {
             return Err(Error::Config(format!("batch_size must be 1 to 100000, not {}", self.batch_size)));
+        }
+        if self.message_timeout.is_zero() {
+            return Err(Error::Config(
+                "message_timeout is 0, which librdkafka takes as no timeout: a send could outlive its lease and \
+                 another relay publish the same aggregate meanwhile"
+                    .into(),
+            ));
+        }
+        if self.max_attempts == Some(0) {
+            return Err(Error::Config(
+                "max_attempts is Some(0): give at least 1, or None to retry until published".into(),
+            ));
+        }
+        for (key, value) in &self.producer {
+            let refused = match canonical(key) {
+                "request.required.acks" | "enable.idempotence" => {
+                    "the relay's guarantees need acks=all and enable.idempotence=true"
+                }
+                "transactional.id" => "the relay publishes with the idempotent producer, not with transactions",
+                "message.timeout.ms" => {
+                    "set it with RelayConfig::message_timeout, which is checked against the lease: a send must end \
+                     within its lease"
+                }
+                "max.in.flight" if !matches!(value.trim().parse::<u32>(), Ok(1..=5)) => {
+                    "it must be 1 to 5: the idempotent producer keeps per-partition order with at most 5 requests \
+                     in flight"
+                }
+                _ => continue,
+            };
+            let shown = if is_secret(key) { "(redacted)" } else { value.as_str() };
+            return Err(Error::Config(format!("producer_setting {key} = {shown:?} is refused: {refused}")));
         }
         if self.lease_ttl <= self.message_timeout * 2 {
             return Err(Error::Config(format!(
@@ -227,6 +281,9 @@ pub struct Relay {
     sql: Arc<Statements>,
     /// The ids of the last batch while its mark is written in the background, and the task.
     marking: Option<(Vec<i64>, tokio::task::JoinHandle<()>)>,
+    /// Marks that failed in a row (a read-only database after a failover, say): the relay
+    /// backs off before claiming again instead of republishing the same batch in a loop.
+    mark_failures: Arc<AtomicU32>,
     stats: Arc<RelayStats>,
 }
 
@@ -253,7 +310,17 @@ impl Relay {
         let names = outbox.names();
         let leases = Leases::new(names, Uuid::new_v4(), config.lease_ttl);
         let sql = Arc::new(Statements::new(names));
-        Ok(Relay { pool, outbox, config, producer, leases, sql, marking: None, stats: Arc::default() })
+        Ok(Relay {
+            pool,
+            outbox,
+            config,
+            producer,
+            leases,
+            sql,
+            marking: None,
+            mark_failures: Arc::default(),
+            stats: Arc::default(),
+        })
     }
 
     /// This relay's counters.
@@ -306,6 +373,20 @@ impl Relay {
                         warn!(relay_id = %self.id(), stage = "lease", %error, "lease maintenance failed");
                         next_maintain = Instant::now() + Duration::from_secs(1);
                     }
+                }
+            }
+            let mark_failures = self.mark_failures.load(Ordering::Relaxed);
+            if mark_failures > 0 {
+                // The last marks failed: their rows are still pending and would be claimed and
+                // sent again at once. Wait first, longer each time.
+                self.finish_marking().await;
+                self.pause(
+                    backoff::delay(self.config.backoff_base, self.config.backoff_max, mark_failures),
+                    &shutdown,
+                )
+                .await;
+                if shutdown.is_cancelled() {
+                    break;
                 }
             }
             let partitions = self.leases.partitions(margin);
@@ -435,6 +516,7 @@ impl Relay {
                 pool: self.pool.clone(),
                 stats: self.stats.clone(),
                 relay_id: self.id(),
+                failures: self.mark_failures.clone(),
             };
             if marks.retry.is_empty() && marks.failed.is_empty() {
                 // Every row was acknowledged: no later row of these aggregates waits on this
@@ -487,12 +569,15 @@ struct Recorder {
     pool: PgPool,
     stats: Arc<RelayStats>,
     relay_id: Uuid,
+    /// Consecutive failed marks (reset by one that succeeds).
+    failures: Arc<AtomicU32>,
 }
 
 impl Recorder {
     async fn record(&self, marks: &Marks, fence: &Fence) {
         match self.sql.mark(&self.pool, marks, fence).await {
             Ok(marked) => {
+                self.failures.store(0, Ordering::Relaxed);
                 metrics::counter!(crate::metrics::PUBLISHED).increment(marked.published);
                 self.stats.published.fetch_add(marked.published, Ordering::Relaxed);
                 self.stats.retried.fetch_add(marked.retry, Ordering::Relaxed);
@@ -508,7 +593,9 @@ impl Recorder {
             }
             Err(error) => {
                 // Published but unmarked rows are published again later: a duplicate, never a loss.
-                warn!(relay_id = %self.relay_id, stage = "mark", %error, "marking the batch failed; its rows will be published again");
+                let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+                warn!(relay_id = %self.relay_id, stage = "mark", %error, failures,
+                      "marking the batch failed; its rows will be published again after a backoff");
             }
         }
     }

@@ -141,3 +141,108 @@ async fn the_claims_order_check_probes_the_blocked_index_not_every_open_row(pool
         "a1 waits behind its retrying event"
     );
 }
+
+/// Settings that would let a send outlive its lease or weaken acks, idempotence or order,
+/// set directly, through librdkafka's aliases or with its `topic.` prefix. Before the fix
+/// each of these was accepted (invariant 12).
+#[test]
+fn settings_that_break_a_guarantee_are_refused_whatever_name_sets_them() {
+    use super::RelayConfig;
+    let base = || RelayConfig::new("127.0.0.1:9092");
+    let cases: Vec<(RelayConfig, &str)> = vec![
+        (base().message_timeout(Duration::ZERO), "message_timeout is 0"),
+        (base().producer_setting("message.timeout.ms", "600000"), "message.timeout.ms"),
+        (base().producer_setting("delivery.timeout.ms", "600000"), "delivery.timeout.ms"),
+        (base().producer_setting("topic.message.timeout.ms", "600000"), "topic.message.timeout.ms"),
+        (base().producer_setting("acks", "1"), "acks"),
+        (base().producer_setting("request.required.acks", "1"), "request.required.acks"),
+        (base().producer_setting("topic.acks", "0"), "topic.acks"),
+        (base().producer_setting("enable.idempotence", "false"), "enable.idempotence"),
+        (
+            base().producer_setting("max.in.flight.requests.per.connection", "100"),
+            "max.in.flight.requests.per.connection",
+        ),
+        (base().producer_setting("max.in.flight", "6"), "max.in.flight"),
+        (base().producer_setting("transactional.id", "relay-1"), "transactional.id"),
+        (base().max_attempts(Some(0)), "max_attempts"),
+        (base().lease_ttl(Duration::from_secs(15)).message_timeout(Duration::from_secs(10)), "lease_ttl"),
+    ];
+    for (config, setting) in cases {
+        match config.validate() {
+            Err(crate::Error::Config(message)) => {
+                assert!(message.contains(setting), "{message:?} names {setting}")
+            }
+            other => panic!("{setting}: expected Error::Config, got {other:?}"),
+        }
+    }
+    base()
+        .producer_setting("max.in.flight", "5")
+        .producer_setting("compression.type", "lz4")
+        .validate()
+        .expect("allowed");
+    let secret =
+        base().producer_setting("sasl.password", "hunter2").producer_setting("transactional.id", "x");
+    assert!(!format!("{secret:?}").contains("hunter2"), "Debug redacts secrets");
+}
+
+/// Fault: relay A's mark waits on a row lock (an operator's transaction holds the row)
+/// after its snapshot saw A's token; meanwhile A's lease has expired and B tries to take
+/// the partition over. Invariant 5: a takeover and a mark of the old owner never both
+/// commit. Before the fix B took over while the mark waited, and the mark then went
+/// through (token 5 -> 6 committed, the old owner's UPDATE still counted 1).
+#[sqlx::test(migrations = false)]
+async fn a_takeover_never_commits_under_a_blocked_mark_of_the_old_owner(pool: PgPool) {
+    let outbox = one_partition_outbox(&pool).await;
+    let sql = std::sync::Arc::new(Statements::new(outbox.names()));
+    let mut a = Leases::new(outbox.names(), Uuid::new_v4(), TTL);
+    assert_eq!(a.maintain(&pool).await.expect("maintain").acquired, [0]);
+    let rows = sql.claim(&pool, &a.partitions(Duration::ZERO), 10, &[]).await.expect("claim");
+    sqlx::query("UPDATE outbox_leases SET expires_at = now() - interval '1 second'")
+        .execute(&pool)
+        .await
+        .expect("expire");
+    // Another transaction holds row 0.
+    let mut holder = pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM outbox WHERE id = $1 FOR UPDATE")
+        .bind(rows[0].id)
+        .execute(&mut *holder)
+        .await
+        .expect("lock row");
+    let marks =
+        Marks { published: vec![(rows[0].id, Placement { partition: 0, offset: 1 })], ..Marks::default() };
+    let fence = fence_of(&a);
+    let mark = {
+        let (pool, sql) = (pool.clone(), sql.clone());
+        tokio::spawn(async move { sql.mark(&pool, &marks, &fence).await })
+    };
+    // Wait until the mark is blocked on the row lock.
+    let mut waiting = false;
+    for _ in 0..100 {
+        waiting = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE %outbox%')",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("activity");
+        if waiting {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(waiting, "the mark waits on the row lock");
+    let mut b = Leases::new(outbox.names(), Uuid::new_v4(), TTL);
+    let took_over = b.maintain(&pool).await.expect("maintain").acquired;
+    holder.commit().await.expect("release the row");
+    let marked = tokio::time::timeout(Duration::from_secs(10), mark)
+        .await
+        .expect("mark ends")
+        .expect("task")
+        .expect("mark");
+    assert!(
+        took_over.is_empty() || marked.published == 0,
+        "B took the partition over ({took_over:?}) and A's blocked mark still counted {}",
+        marked.published
+    );
+    // Once the mark is done, B takes the partition over.
+    assert_eq!(b.maintain(&pool).await.expect("maintain").acquired, [0]);
+}
