@@ -556,7 +556,7 @@ async fn reconcile(outbox: &Outbox, pool: &PgPool, args: ReconcileArgs) -> Resul
     } else {
         let dash = |v: Option<i64>| v.map_or("-".to_owned(), |v| v.to_string());
         println!(
-            "{:<20}  {:<24}  {:>9}  {:>9}  {:>11}  {:>9}  {:>10}  {:>8}  {:>11}",
+            "{:<20}  {:<24}  {:>9}  {:>9}  {:>11}  {:>9}  {:>10}  {:>8}  {:>6}  {:>11}  {:>11}",
             "hour (UTC)",
             "type",
             "appended",
@@ -565,11 +565,13 @@ async fn reconcile(outbox: &Outbox, pool: &PgPool, args: ReconcileArgs) -> Resul
             "discarded",
             "cleaned up",
             "applied",
+            "stale",
+            "c-discarded",
             "not applied"
         );
         for r in &result.rows {
             println!(
-                "{:<20}  {:<24}  {:>9}  {:>9}  {:>11}  {:>9}  {:>10}  {:>8}  {:>11}",
+                "{:<20}  {:<24}  {:>9}  {:>9}  {:>11}  {:>9}  {:>10}  {:>8}  {:>6}  {:>11}  {:>11}",
                 r.hour,
                 r.event_type,
                 r.appended,
@@ -578,6 +580,8 @@ async fn reconcile(outbox: &Outbox, pool: &PgPool, args: ReconcileArgs) -> Resul
                 r.discarded,
                 r.cleaned_up,
                 dash(r.applied),
+                dash(r.stale),
+                dash(r.consumer_discarded),
                 dash(r.not_applied)
             );
             for id in &r.not_applied_ids {

@@ -226,17 +226,22 @@ async fn reconcile_exits_1_and_names_a_published_event_missing_from_the_inbox(po
         .execute(&pool)
         .await
         .expect("publish");
-    // The consumer's inbox, in this same database: every event applied, then one row removed.
-    sqlx::query("CREATE TABLE inbox (consumer text NOT NULL, event_id uuid NOT NULL, PRIMARY KEY (consumer, event_id))")
-        .execute(&pool)
-        .await
-        .expect("inbox");
-    for id in &ids {
-        sqlx::query("INSERT INTO inbox VALUES ('billing', $1)")
+    // The consumer's inbox, in this same database: every event has its outcome there (one
+    // absorbed as stale, one discarded by its operator), then one row removed.
+    sqlx::query(
+        "CREATE TABLE inbox (consumer text NOT NULL, event_id uuid NOT NULL, outcome text NOT NULL, \
+         PRIMARY KEY (consumer, event_id))",
+    )
+    .execute(&pool)
+    .await
+    .expect("inbox");
+    for (id, outcome) in ids.iter().zip(["stale", "discarded", "applied", "applied"]) {
+        sqlx::query("INSERT INTO inbox VALUES ('billing', $1, $2)")
             .bind(id)
+            .bind(outcome)
             .execute(&pool)
             .await
-            .expect("applied");
+            .expect("outcome");
     }
     let url = database_url(&pool);
     let args = [
@@ -269,8 +274,11 @@ async fn reconcile_exits_1_and_names_a_published_event_missing_from_the_inbox(po
             row["applied"].as_i64(),
             row["not_applied"].as_i64()
         ),
-        (Some(4), Some(4), Some(3), Some(1))
+        (Some(4), Some(4), Some(1), Some(1))
     );
+    // Stale and discarded outcomes are final but not applied effects: reported apart
+    // (before, both were counted as applied).
+    assert_eq!((row["stale"].as_i64(), row["consumer_discarded"].as_i64()), (Some(1), Some(1)));
     assert_eq!(report["differences"], 1);
 
     // Without a consumer: appended against published only; an unpublished event differs.

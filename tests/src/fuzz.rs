@@ -272,7 +272,7 @@ impl Generator {
         let roll = self.rng.range(0, 100);
         let pooled =
             self.keys[usize::try_from(self.rng.range(0, self.keys.len() as u64)).unwrap_or(0)].clone();
-        let unique = format!("u-{}", Uuid::new_v4().simple());
+        let unique = format!("u-{:016x}", self.rng.next_u64());
         let id = Uuid::now_v7();
         // (key, headers, value, what it is, and what it must do if nothing holds it)
         // Records that repeat an event id go to the partition of the original: across

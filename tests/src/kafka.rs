@@ -142,8 +142,10 @@ impl Kafka {
         let started = Instant::now();
         let mut records = Vec::new();
         for partition in partitions {
-            let (low, high) =
-                consumer.fetch_watermarks(topic, partition, Duration::from_secs(10)).expect("watermarks");
+            // A slow broker (Tansu after a long run) may need more than one try.
+            let (low, high) = (0..3)
+                .find_map(|_| consumer.fetch_watermarks(topic, partition, Duration::from_secs(20)).ok())
+                .expect("watermarks after 3 tries of 20 s");
             if high <= low {
                 continue;
             }

@@ -512,3 +512,38 @@ async fn a_member_joining_mid_stream_takes_partitions_over_without_loss_or_doubl
     assert_eq!(s.kafka.committed("rebalance", &s.topic, 4), ends, "committed to the end of every partition");
     eprintln!("redelivered and absorbed: {} + {}", a.duplicates(), b.duplicates());
 }
+
+/// Fault: a crash after a record was applied and the next one of its key parked, before
+/// any offset commit. On restart both come again: the applied one must be absorbed as the
+/// duplicate it is, not held behind the parked record that came after it (which would give
+/// it a second outcome).
+#[sqlx::test(migrations = false)]
+async fn a_redelivered_record_is_not_held_behind_a_later_parked_one(pool: PgPool) {
+    let s = setup(&pool, 1).await;
+    s.credit(0, "k", 1);
+    s.producer.send(
+        &s.topic,
+        &RawRecord::text(0, "k", b"not json", &credit_headers(Uuid::now_v7(), Some("k"), None)),
+    );
+    s.producer.flush();
+    let config = s.config("redelivered").commit_interval(Duration::from_secs(3600));
+    let first = start(&pool, config.clone(), &Ledger::default()).await;
+    let stats = first.stats.clone();
+    assert!(
+        eventually(Duration::from_secs(20), || async { stats.applied() == 1 && stats.parked() == 1 }).await
+    );
+    first.task.abort(); // no graceful stop: nothing committed
+    let _ = first.task.await;
+    let second = start(&pool, config, &Ledger::default()).await;
+    let again = second.stats.clone();
+    let settled = eventually(Duration::from_secs(20), || async {
+        again.duplicates() + again.held() + again.parked() >= 2
+    })
+    .await;
+    let rows = parked(&pool).await;
+    second.shutdown().await;
+    assert!(settled, "both redelivered records get an outcome: {rows:?}");
+    assert_eq!((again.duplicates(), again.held()), (1, 0), "the applied record is a duplicate, not held");
+    assert_eq!(rows.len(), 1, "only the broken record is in the parked table: {rows:?}");
+    assert_eq!(applied_amounts(&pool).await, vec![1]);
+}

@@ -176,6 +176,13 @@ async fn mock_broker_down_marks_nothing_early_backs_off_then_publishes_all(pool:
             .expect("count"),
         0
     );
+    // The error names where it went (before, "Local: Message timed out" alone).
+    let last_error: Option<String> =
+        sqlx::query_scalar("SELECT last_error FROM outbox WHERE aggregate_id = 'down-0' ORDER BY id LIMIT 1")
+            .fetch_one(&pool)
+            .await
+            .expect("last error");
+    assert!(last_error.as_deref().is_some_and(|e| e.contains(&format!("(topic {TOPIC})"))), "{last_error:?}");
     mock.broker_up(1).expect("broker up");
     assert!(
         eventually(Duration::from_secs(40), || async { rows_in(&pool, "published").await == 10 }).await,

@@ -197,7 +197,7 @@ pub(crate) async fn discard_row(
          WHERE id = $1 AND status IN ('parked', 'held')"
     )))
     .bind(id)
-    .bind(reason)
+    .bind(super::store::storable_reason(reason))
     .execute(&mut *tx)
     .await?;
     sqlx::query(AssertSqlSafe(format!(

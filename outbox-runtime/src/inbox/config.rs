@@ -167,8 +167,9 @@ impl InboxConfig {
     /// Bytes (keys, values and headers) of records that may wait per partition behind a
     /// worker that is behind, before the partition is paused at the broker; it is resumed
     /// once half of that is left. Pausing costs a fetch again on resume, so this is a bound
-    /// on memory, not a flow control for every burst (librdkafka buffers 64 MiB per
-    /// partition by default as well). Between 1 KiB and 1 TiB. Default: 64 MiB.
+    /// on memory, not a flow control for every burst. It is per partition and on top of
+    /// the worker's queue (`queue_per_partition` records) and librdkafka's own prefetch
+    /// (`queued.max.messages.kbytes`). Between 1 KiB and 1 TiB. Default: 64 MiB.
     #[must_use]
     pub fn buffer_per_partition(mut self, bytes: usize) -> Self {
         self.buffer_per_partition = bytes;
@@ -235,8 +236,12 @@ impl InboxConfig {
 
     /// Checks every setting against what can work.
     pub(crate) fn validate(&self) -> Result<()> {
-        if self.consumer.is_empty() {
-            return Err(Error::Config("inbox setting consumer is empty: name the consumer".into()));
+        if self.consumer.is_empty() || self.consumer.len() > 200 || self.consumer.contains('\0') {
+            return Err(Error::Config(format!(
+                "inbox setting consumer is {:?}: name the consumer with 1 to 200 bytes of text (it is part of \
+                 every index key)",
+                self.consumer
+            )));
         }
         if self.topics.is_empty() || self.topics.iter().any(String::is_empty) {
             return Err(Error::Config(format!(

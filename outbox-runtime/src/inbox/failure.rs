@@ -17,8 +17,8 @@ pub(crate) enum Failure {
     /// transient handler error, anything unclassified): retry with backoff, and park with
     /// this reason once the attempt limit is reached.
     Transient(String),
-    /// The database cannot be reached or cannot write: nothing could be recorded, so wait
-    /// for it with backoff. Not the message's fault; attempts are not counted.
+    /// The connection to the database is gone: nothing could be recorded, so wait for it
+    /// with backoff. Not the message's fault; attempts are not counted.
     Unavailable(String),
 }
 
@@ -30,11 +30,13 @@ fn permanent_code(code: &str) -> bool {
     code.starts_with("22") || code.starts_with("23") || code.starts_with("54")
 }
 
-/// SQLSTATE classes and codes that mean the database is away or read-only.
+/// SQLSTATE classes and codes that mean the connection to the database is gone.
+/// Everything else (53 insufficient resources, 25006 read-only after a failover, ...) is
+/// retried and counted while the database answers a ping, so that a record that causes
+/// it every time is still bounded.
 fn unavailable_code(code: &str) -> bool {
-    // 08 connection exception, 53 insufficient resources, 57P01-57P05 shutdown and
-    // crash recovery, 25006 read-only transaction (a standby after a failover).
-    code.starts_with("08") || code.starts_with("53") || code.starts_with("57P") || code == "25006"
+    // 08 connection exception, 57P01-57P05 shutdown and crash recovery.
+    code.starts_with("08") || code.starts_with("57P")
 }
 
 /// The failure a database error makes.
@@ -78,11 +80,11 @@ mod tests {
             assert!(permanent_code(code), "{code}");
             assert!(!unavailable_code(code), "{code}");
         }
-        for code in ["08006", "53300", "57P01", "57P03", "25006"] {
+        for code in ["08006", "57P01", "57P03"] {
             assert!(unavailable_code(code), "{code}");
             assert!(!permanent_code(code), "{code}");
         }
-        for code in ["40001", "40P01", "55P03", "57014", "42P01"] {
+        for code in ["40001", "40P01", "55P03", "57014", "42P01", "53200", "53300", "25006"] {
             assert!(!unavailable_code(code) && !permanent_code(code), "{code} is retried, bounded");
         }
         assert_eq!(of_sqlx(&sqlx::Error::PoolTimedOut, "x".into()), Failure::Unavailable("x".into()));

@@ -298,17 +298,17 @@ ALTER TABLE {parked} ADD COLUMN retry_requested_at timestamptz;
             r#"
 -- Holds are keyed by topic and record key (a parked record holds back later records of its
 -- key in its topic only), hashed: keys may be any size, an index row about 2,700 bytes.
--- Every header is kept as it came, bytes included; null values are told from empty ones.
+-- Every header is kept as read, bytes included; null values are told from empty ones.
+DROP INDEX "{schema}"."{table}_parked_open";
 -- The database's encoding never changes, so the function is immutable and the key can be a
 -- generated column: every row gets it, however it is inserted.
 CREATE FUNCTION "{schema}"."{table}_hold_key"(topic text, record_key bytea) RETURNS bytea
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$ SELECT sha256(convert_to(topic, 'UTF8') || '\x00'::bytea || record_key) $$;
+    AS $$ SELECT sha256(convert_to(topic, 'UTF8') || decode('00', 'hex') || record_key) $$;
 ALTER TABLE {parked}
     ADD COLUMN hold_key bytea GENERATED ALWAYS AS ("{schema}"."{table}_hold_key"(topic, record_key)) STORED,
     ADD COLUMN raw_headers jsonb,
     ADD COLUMN null_value boolean NOT NULL DEFAULT false;
-DROP INDEX "{schema}"."{table}_parked_open";
 CREATE INDEX "{table}_parked_hold" ON {parked} (consumer, hold_key, id) WHERE status IN ('parked', 'held');
 -- Cleanup deletes one consumer's rows at a time.
 DROP INDEX "{schema}"."{table}_applied_at";

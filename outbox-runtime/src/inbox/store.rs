@@ -97,8 +97,12 @@ impl Store {
             // Serializes everything done for one key: the consumer's hold check and an
             // operator's release cannot interleave.
             lock_key: sql(format!("SELECT pg_advisory_xact_lock(hashtextextended($1 || ':' || encode({hold_key}, 'hex'), 0))")),
+            // Only a parked record before this one holds it: a redelivered record that came
+            // before the parked one (offsets not yet committed) is processed again, and
+            // absorbed as the duplicate it is, not held behind a record that followed it.
             find_hold: sql(format!(
                 "SELECT id FROM {parked} WHERE consumer = $1 AND hold_key = {hold_key} AND status IN ('parked', 'held') \
+                   AND NOT (topic = $2 AND kafka_partition = $4 AND kafka_offset >= $5) \
                  ORDER BY id LIMIT 1"
             )),
             park: sql(format!(
@@ -120,8 +124,11 @@ impl Store {
                 "SELECT last_version FROM {aggregates} \
                  WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND topic = $4 FOR UPDATE"
             )),
+            // Two partitions may carry one aggregate (keys other than the subject): the
+            // first version is inserted if absent, then read locked as usual.
             first_version: sql(format!(
-                "INSERT INTO {aggregates} (consumer, aggregate_type, aggregate_id, topic, last_version) VALUES ($1, $2, $3, $5, $4)"
+                "INSERT INTO {aggregates} (consumer, aggregate_type, aggregate_id, topic, last_version) VALUES ($1, $2, $3, $5, $4) \
+                 ON CONFLICT (consumer, topic, aggregate_type, aggregate_id) DO NOTHING RETURNING 1"
             )),
             bump_version: sql(format!(
                 "UPDATE {aggregates} SET last_version = $4, gaps = gaps + $5 \
@@ -145,13 +152,16 @@ impl Store {
         Ok(())
     }
 
-    /// The first open parked message of `key` in `topic`, if any: later ones are held.
-    async fn hold(&self, tx: &mut PgConnection, topic: &str, key: Option<&[u8]>) -> Result<Option<i64>> {
-        let Some(key) = key else { return Ok(None) };
+    /// The first open parked message of the record's key in its topic, before it, if any:
+    /// later ones are held.
+    async fn hold(&self, tx: &mut PgConnection, msg: &Incoming) -> Result<Option<i64>> {
+        let Some(key) = msg.key.as_deref() else { return Ok(None) };
         Ok(sqlx::query_scalar(self.find_hold.clone())
             .bind(&self.consumer)
-            .bind(topic)
+            .bind(&msg.topic)
             .bind(key)
+            .bind(msg.partition)
+            .bind(msg.offset)
             .fetch_optional(tx)
             .await?)
     }
@@ -219,7 +229,7 @@ impl Store {
     ) -> Result<Outcome> {
         let mut tx = pool.begin().await?;
         self.lock(&mut tx, &msg.topic, msg.key.as_deref()).await?;
-        if let Some(parked_id) = self.hold(&mut tx, &msg.topic, msg.key.as_deref()).await? {
+        if let Some(parked_id) = self.hold(&mut tx, msg).await? {
             let reason = format!("held behind parked message {parked_id} of the same key");
             let existing = self.park(&mut tx, msg, "held", &reason).await?;
             tx.commit().await?;
@@ -311,25 +321,31 @@ impl Store {
             return Ok(Some(0));
         };
         let aggregate_type = meta.aggregate_type.as_deref().unwrap_or("");
-        let last: Option<i64> = sqlx::query_scalar(self.version.clone())
-            .bind(&self.consumer)
-            .bind(aggregate_type)
-            .bind(aggregate_id)
-            .bind(&meta.topic)
-            .fetch_optional(&mut *tx)
-            .await?;
-        match last {
-            None => {
-                sqlx::query(self.first_version.clone())
-                    .bind(&self.consumer)
-                    .bind(aggregate_type)
-                    .bind(aggregate_id)
-                    .bind(version)
-                    .bind(&meta.topic)
-                    .execute(&mut *tx)
-                    .await?;
-                Ok(Some(0))
+        let read_last = || {
+            sqlx::query_scalar::<_, i64>(self.version.clone())
+                .bind(&self.consumer)
+                .bind(aggregate_type)
+                .bind(aggregate_id)
+                .bind(&meta.topic)
+        };
+        let mut last: Option<i64> = read_last().fetch_optional(&mut *tx).await?;
+        if last.is_none() {
+            let inserted: Option<i32> = sqlx::query_scalar(self.first_version.clone())
+                .bind(&self.consumer)
+                .bind(aggregate_type)
+                .bind(aggregate_id)
+                .bind(version)
+                .bind(&meta.topic)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if inserted.is_some() {
+                return Ok(Some(0));
             }
+            // Another transaction inserted it meanwhile: read it (locked) like any other.
+            last = read_last().fetch_optional(&mut *tx).await?;
+        }
+        match last {
+            None => Ok(Some(0)),
             Some(last) if version <= last => {
                 sqlx::query(self.mark_stale.clone())
                     .bind(&self.consumer)

@@ -70,9 +70,16 @@ pub struct ReconciliationRow {
     /// Published events already cleaned up from the outbox: counted, but their event ids
     /// are gone, so they are not checked against the inbox.
     pub cleaned_up: i64,
-    /// Published events still in the outbox found in the consumer's inbox (with a consumer).
+    /// Published events still in the outbox whose effect the consumer applied (with a
+    /// consumer).
     pub applied: Option<i64>,
-    /// Published events still in the outbox not in the inbox (with a consumer of the type).
+    /// Of the published events in the consumer's inbox, those it absorbed as stale (an
+    /// older aggregate version than one it had applied): no effect, but a final outcome.
+    pub stale: Option<i64>,
+    /// Of the published events in the consumer's inbox, those its operator discarded.
+    pub consumer_discarded: Option<i64>,
+    /// Published events still in the outbox not in the inbox at all (with a consumer of
+    /// the type): neither applied, stale nor discarded there.
     pub not_applied: Option<i64>,
     /// Up to 20 of those event ids.
     pub not_applied_ids: Vec<Uuid>,
@@ -148,7 +155,11 @@ impl Outbox {
             let missing = self.not_in_inbox(pool, since, until, inbox, &mut rows).await?;
             let types: BTreeSet<String> = rows.keys().map(|(event_type, _)| event_type.clone()).collect();
             for event_type in types {
-                let seen = rows.values().any(|r| r.event_type == event_type && r.applied.unwrap_or(0) > 0);
+                let seen = rows.values().any(|r| {
+                    r.event_type == event_type
+                        && r.applied.unwrap_or(0) + r.stale.unwrap_or(0) + r.consumer_discarded.unwrap_or(0)
+                            > 0
+                });
                 if !seen && !inbox.required.contains(&event_type) {
                     not_consumed.push(event_type);
                     continue;
@@ -156,7 +167,10 @@ impl Outbox {
                 for row in rows.values_mut().filter(|r| r.event_type == event_type) {
                     let ids =
                         missing.get(&(row.event_type.clone(), row.hour.clone())).cloned().unwrap_or_default();
-                    row.not_applied = Some(row.published - row.cleaned_up - row.applied.unwrap_or(0));
+                    let in_inbox = row.applied.unwrap_or(0)
+                        + row.stale.unwrap_or(0)
+                        + row.consumer_discarded.unwrap_or(0);
+                    row.not_applied = Some(row.published - row.cleaned_up - in_inbox);
                     row.not_applied_ids = ids;
                 }
             }
@@ -182,10 +196,14 @@ impl Outbox {
              ORDER BY id LIMIT $4",
             self.names().outbox
         );
-        let found =
-            format!("SELECT event_id FROM {} WHERE consumer = $1 AND event_id = ANY($2)", inbox.names.inbox);
+        let found = format!(
+            "SELECT event_id, outcome FROM {} WHERE consumer = $1 AND event_id = ANY($2)",
+            inbox.names.inbox
+        );
         for row in rows.values_mut() {
             row.applied = Some(0);
+            row.stale = Some(0);
+            row.consumer_discarded = Some(0);
         }
         let mut missing: BTreeMap<(String, String), Vec<Uuid>> = BTreeMap::new();
         let mut after = 0_i64;
@@ -200,7 +218,7 @@ impl Outbox {
             let Some(last) = chunk.last() else { break };
             after = last.0;
             let ids: Vec<Uuid> = chunk.iter().map(|c| c.1).collect();
-            let applied: BTreeSet<Uuid> = sqlx::query_scalar(AssertSqlSafe(found.as_str()))
+            let outcomes: BTreeMap<Uuid, String> = sqlx::query_as(AssertSqlSafe(found.as_str()))
                 .bind(&inbox.consumer)
                 .bind(&ids)
                 .fetch_all(&inbox.pool)
@@ -209,9 +227,14 @@ impl Outbox {
                 .collect();
             for (_, event_id, event_type, hour) in chunk {
                 let key = (event_type, hour);
-                if applied.contains(&event_id) {
+                if let Some(outcome) = outcomes.get(&event_id) {
                     if let Some(row) = rows.get_mut(&key) {
-                        row.applied = Some(row.applied.unwrap_or(0) + 1);
+                        let counter = match outcome.as_str() {
+                            "stale" => &mut row.stale,
+                            "discarded" => &mut row.consumer_discarded,
+                            _ => &mut row.applied,
+                        };
+                        *counter = Some(counter.unwrap_or(0) + 1);
                     }
                 } else {
                     let ids = missing.entry(key).or_default();

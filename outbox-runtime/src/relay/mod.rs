@@ -284,8 +284,15 @@ pub struct Relay {
     /// Marks that failed in a row (a read-only database after a failover, say): the relay
     /// backs off before claiming again instead of republishing the same batch in a loop.
     mark_failures: Arc<AtomicU32>,
+    /// When the last transient publish failure was logged at warn, and how many were
+    /// logged at debug since.
+    transient_warned: Option<Instant>,
+    transient_suppressed: u64,
     stats: Arc<RelayStats>,
 }
+
+/// The least time between two warnings about transient publish failures.
+const TRANSIENT_WARN_EVERY: Duration = Duration::from_secs(10);
 
 impl std::fmt::Debug for Relay {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -319,6 +326,8 @@ impl Relay {
             sql,
             marking: None,
             mark_failures: Arc::default(),
+            transient_warned: None,
+            transient_suppressed: 0,
             stats: Arc::default(),
         })
     }
@@ -495,8 +504,19 @@ impl Relay {
                         metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "transient", "code" => code).increment(1);
                         outcome.transient += 1;
                         let delay = backoff::delay(self.config.backoff_base, self.config.backoff_max, attempt.unsigned_abs());
-                        debug!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
-                               attempt, stage = "publish", %reason, retry_in = ?delay, "transient publish failure");
+                        // The error alone ("Message timed out") does not say where: name the topic.
+                        let reason = format!("{reason} (topic {})", row.topic);
+                        if self.transient_warned.is_none_or(|t| t.elapsed() >= TRANSIENT_WARN_EVERY) {
+                            self.transient_warned = Some(Instant::now());
+                            warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
+                                  attempt, stage = "publish", %reason, retry_in = ?delay,
+                                  suppressed = std::mem::take(&mut self.transient_suppressed),
+                                  "transient publish failure; retrying (one warning every 10 s)");
+                        } else {
+                            self.transient_suppressed += 1;
+                            debug!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
+                                   attempt, stage = "publish", %reason, retry_in = ?delay, "transient publish failure");
+                        }
                         marks.retry.push((row.id, delay, reason));
                     }
                     Sent::Permanent { reason, code } => {
