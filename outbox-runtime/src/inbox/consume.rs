@@ -36,7 +36,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use super::retention::{self, RetentionVerdict};
-use super::worker::{Worker, WARN_EVERY};
+use super::worker::{panic_text, Worker, WARN_EVERY};
 use super::{cleanup_loop, Inbox};
 use crate::error::{Error, Result};
 
@@ -389,8 +389,7 @@ impl Inbox {
             tracker.spawn(async move {
                 tokio::select! {
                     ran = AssertUnwindSafe(worker.run(rx)).catch_unwind() => if let Err(panic) = ran {
-                        let what = panic.downcast_ref::<&str>().map(|s| (*s).to_owned())
-                            .or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default();
+                        let what = panic_text(&*panic);
                         shared.fail(format!("the worker of {}/{} panicked: {what}", place.0, place.1));
                     },
                     () = abandon.cancelled() => {}

@@ -94,7 +94,8 @@ impl Throttle {
     }
 }
 
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+/// What a caught panic said.
+pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
