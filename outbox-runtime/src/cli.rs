@@ -23,13 +23,14 @@ use crate::cleanup::Cleanup;
 use crate::inbox::{InboxAdmin, ParkedMessage};
 use crate::ops::{InboxSide, ReplayFilter, RetryTarget, Status};
 use crate::relay::{Relay, RelayConfig};
+use crate::secrets::redact_urls;
 use crate::{Capacity, Error, Outbox, OutboxConfig};
 
 #[derive(Parser)]
 #[command(
     name = "outbox",
     version,
-    about = "Operate a transactional outbox: migrate, relay, status, failed events, retry, discard, replay, purge, reconcile, inbox",
+    about = "Operate a transactional outbox: migrate, relay, status, failed and retrying events, retry, discard, replay, purge, reconcile, inbox",
     after_help = "Exit codes: 0 done; 1 nothing matched, or reconcile found differences; 2 bad arguments; 3 database or broker failure."
 )]
 struct Cli {
@@ -76,6 +77,16 @@ enum Command {
     /// Failed events.
     #[command(subcommand)]
     Failed(FailedCommand),
+    /// Pending events waiting for a retry after a failed attempt, with attempts, next
+    /// attempt and last error (never their payloads), oldest first.
+    Retrying {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Show at most this many (the total is always given).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
     /// Puts failed events back up for publication.
     Retry(RetryArgs),
     /// Discards an event for good; the events of its aggregate behind it flow again.
@@ -127,6 +138,9 @@ struct RelayArgs {
     /// Delete published rows older than this (e.g. 7d); off when not given.
     #[arg(long, value_parser = parse_duration)]
     cleanup_after: Option<Duration>,
+    /// How long an event waits for its topic to exist before it is marked failed.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    missing_topic_timeout: Duration,
 }
 
 #[derive(Subcommand)]
@@ -299,7 +313,8 @@ async fn run(cli: Cli) -> ExitCode {
     match execute(cli).await {
         Ok(code) => code,
         Err(Fail(code, message)) => {
-            eprintln!("outbox: {message}");
+            // Whatever reported the error, a URL in it is shown without its password.
+            eprintln!("outbox: {}", redact_urls(&message));
             ExitCode::from(code)
         }
     }
@@ -311,19 +326,7 @@ async fn connect(url: &str) -> Result<PgPool, Fail> {
         .acquire_timeout(Duration::from_secs(5))
         .connect(url)
         .await
-        .map_err(|e| Fail(3, format!("cannot connect to {}: {e}", redact(url))))
-}
-
-/// The URL without its password.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{}{user}@{}", &url[..scheme + 3], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
+        .map_err(|e| Fail(3, format!("cannot connect to {}: {e}", redact_urls(url))))
 }
 
 /// Reads a timestamp the way PostgreSQL does, so every form it accepts works here.
@@ -410,6 +413,39 @@ async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
                         f.held_back,
                         f.last_error.unwrap_or_default()
                     );
+                }
+            }
+        }
+        Command::Retrying { json, limit } => {
+            let retrying = outbox.retrying(&pool, limit).await?;
+            if json {
+                print_json(&retrying);
+            } else if retrying.total == 0 {
+                println!("no events waiting for a retry");
+            } else {
+                println!(
+                    "{:<36}  {:<24}  {:<24}  {:<24}  {:>8}  {:>12}  last error",
+                    "event_id", "type", "aggregate", "topic", "attempts", "next attempt"
+                );
+                for r in &retrying.events {
+                    let next = if r.next_attempt_in_seconds <= 0.0 {
+                        "due".to_owned()
+                    } else {
+                        format!("in {:.1}s", r.next_attempt_in_seconds)
+                    };
+                    println!(
+                        "{}  {:<24}  {:<24}  {:<24}  {:>8}  {:>12}  {}",
+                        r.event_id,
+                        r.event_type,
+                        format!("{}/{}", r.aggregate_type, r.aggregate_id),
+                        r.topic,
+                        r.attempts,
+                        next,
+                        r.last_error.as_deref().unwrap_or_default()
+                    );
+                }
+                if retrying.total > retrying.events.len() as i64 {
+                    println!("{} of {} shown (--limit)", retrying.events.len(), retrying.total);
                 }
             }
         }
@@ -524,6 +560,7 @@ async fn relay(outbox: Outbox, pool: PgPool, args: RelayArgs) -> Result<ExitCode
     let config = RelayConfig::new(args.brokers)
         .batch_size(args.batch_size)
         .poll_interval(args.poll_interval)
+        .missing_topic_timeout(args.missing_topic_timeout)
         .cleanup(args.cleanup_after.map(|after| Cleanup::default().retention(after)));
     let relay = Relay::new(pool, outbox, config)?;
     let shutdown = CancellationToken::new();
@@ -678,12 +715,6 @@ async fn inbox(pool: PgPool, args: InboxArgs) -> Result<ExitCode, Fail> {
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
-
-    #[test]
-    fn passwords_are_not_printed() {
-        assert_eq!(super::redact("postgres://app:s3cret@db:5432/x"), "postgres://app@db:5432/x");
-        assert_eq!(super::redact("postgres://db/x"), "postgres://db/x");
-    }
 
     #[test]
     fn durations_take_a_unit_and_bad_ones_say_what_is_wrong() {

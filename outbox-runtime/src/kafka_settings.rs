@@ -22,22 +22,6 @@ pub(crate) fn canonical(name: &str) -> &str {
     ALIASES.iter().find(|(alias, _)| *alias == name).map_or(name, |(_, property)| property)
 }
 
-/// Whether `name` (a setting name, possibly a password's) holds a secret.
-pub(crate) fn is_secret(name: &str) -> bool {
-    let name = canonical(name);
-    name.contains("password")
-        || name.contains("secret")
-        || name.ends_with(".pem")
-        || name.contains("sasl.oauthbearer.config")
-}
-
-/// `settings` for `Debug` and logs: secrets' values replaced.
-pub(crate) fn redacted(
-    settings: &std::collections::BTreeMap<String, String>,
-) -> std::collections::BTreeMap<&str, &str> {
-    settings.iter().map(|(k, v)| (k.as_str(), if is_secret(k) { "(redacted)" } else { v.as_str() })).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,11 +36,5 @@ mod tests {
         assert_eq!(canonical("max.in.flight.requests.per.connection"), "max.in.flight");
         assert_eq!(canonical("auto.commit.enable"), "enable.auto.commit");
         assert_eq!(canonical("compression.type"), "compression.type");
-        assert!(
-            is_secret("sasl.password")
-                && is_secret("ssl.key.password")
-                && is_secret("sasl.oauthbearer.client.secret")
-        );
-        assert!(!is_secret("linger.ms"));
     }
 }

@@ -66,6 +66,7 @@ mod outbox;
 pub mod registry;
 pub mod relay;
 pub mod schema;
+mod secrets;
 #[cfg(feature = "signal")]
 pub mod signal;
 mod table;

@@ -6,7 +6,7 @@
 //! |---|---|---|---|
 //! | `outbox_oldest_unpublished_age_seconds` | gauge | | age of the oldest pending or failed event: the headline |
 //! | `outbox_pending` | gauge | | events waiting to be published |
-//! | `outbox_retrying` | gauge | | pending events that failed at least once |
+//! | `outbox_retrying` | gauge | | pending events waiting for a retry after a failed attempt |
 //! | `outbox_failed` | gauge | | events quarantined after a permanent error |
 //! | `outbox_appended_per_second`, `outbox_published_per_second` | gauge | | rates over the last 5 minutes |
 //! | `outbox_table_bytes` | gauge | | the outbox table with indexes and TOAST |
@@ -17,6 +17,7 @@
 //! | `outbox_republished_total` | counter | | of those, sent again after an earlier attempt (retry, replay) |
 //! | `outbox_publish_errors_total` | counter | `kind` = transient, permanent, exhausted; `code` = Kafka error code | failed sends |
 //! | `outbox_publish_attempts` | histogram | | attempts an event took until published |
+//! | `outbox_missing_topics` | gauge | | topics events name that the cluster says do not exist (their events wait, then fail) |
 //! | `outbox_fenced_total` | counter | | marks refused after a lease passed on |
 //! | `outbox_refused_total` | counter | `event_type` | non-critical appends refused near capacity |
 //! | `outbox_relay_batch_seconds` | histogram | | one relay batch: read, publish, mark |
@@ -41,6 +42,7 @@ pub(crate) const PUBLISHED: &str = "outbox_published_total";
 pub(crate) const REPUBLISHED: &str = "outbox_republished_total";
 pub(crate) const PUBLISH_ERRORS: &str = "outbox_publish_errors_total";
 pub(crate) const ATTEMPTS: &str = "outbox_publish_attempts";
+pub(crate) const MISSING_TOPICS: &str = "outbox_missing_topics";
 pub(crate) const FENCED: &str = "outbox_fenced_total";
 pub(crate) const REFUSED: &str = "outbox_refused_total";
 pub(crate) const BATCH_SECONDS: &str = "outbox_relay_batch_seconds";

@@ -335,6 +335,48 @@ async fn failed_list_retry_and_discard_change_what_they_say(pool: PgPool) {
     );
 }
 
+/// `outbox retrying` lists pending events waiting for a retry after a failed attempt,
+/// with attempts, next attempt and last error; not replayed or plain pending ones.
+#[sqlx::test(migrations = false)]
+async fn retrying_lists_events_waiting_for_a_retry_with_their_errors(pool: PgPool) {
+    let ids = seed(&pool).await;
+    let none = outbox_cli(&pool, &["retrying"]);
+    assert_eq!((none.status.code(), stdout(&none).trim()), (Some(0), "no events waiting for a retry"));
+    // b waits 30 s after two failed attempts; c is published; a replayed event (attempts
+    // made, due at once, no error) is plain pending and not listed.
+    sqlx::query(
+        "UPDATE outbox SET attempts = 2, next_attempt_at = now() + interval '30 seconds', \
+           last_error = 'Local: Message timed out (topic test)' WHERE id = 3",
+    )
+    .execute(&pool)
+    .await
+    .expect("b retrying");
+    sqlx::query("UPDATE outbox SET status = 'pending', attempts = 1, published_at = NULL WHERE id = 4")
+        .execute(&pool)
+        .await
+        .expect("c replayed");
+    let listed = outbox_cli(&pool, &["retrying", "--json"]);
+    assert_eq!(listed.status.code(), Some(0), "{listed:?}");
+    let retrying: serde_json::Value = serde_json::from_str(&stdout(&listed)).expect("json");
+    assert_eq!(retrying["total"], 1, "{retrying}");
+    let b = &retrying["events"][0];
+    assert_eq!(b["event_id"], ids[2].to_string());
+    assert_eq!((b["attempts"].as_i64(), b["topic"].as_str()), (Some(2), Some("test")));
+    assert_eq!(b["last_error"], "Local: Message timed out (topic test)");
+    let seconds = b["next_attempt_in_seconds"].as_f64().expect("seconds");
+    assert!(seconds > 20.0 && seconds <= 30.0, "{seconds}");
+    assert!(b["next_attempt_at"].as_str().is_some_and(|t| t.ends_with('Z')));
+    let status: serde_json::Value =
+        serde_json::from_str(&stdout(&outbox_cli(&pool, &["status", "--json"]))).expect("status");
+    assert_eq!(status["retrying"], 1, "status counts the same events");
+    let table = stdout(&outbox_cli(&pool, &["retrying"]));
+    assert!(
+        table.contains(&ids[2].to_string()) && table.contains("in 2") && table.contains("(topic test)"),
+        "{table}"
+    );
+    assert!(!table.contains("PAYLOAD-MARKER") && !table.contains(&ids[3].to_string()), "{table}");
+}
+
 #[sqlx::test(migrations = false)]
 async fn inbox_commands_list_request_retries_and_discard_parked_messages(pool: PgPool) {
     let inbox = outbox_runtime::inbox::Inbox::new(
@@ -407,16 +449,22 @@ async fn inbox_commands_list_request_retries_and_discard_parked_messages(pool: P
 fn bad_arguments_and_unreachable_databases_have_their_exit_codes() {
     let bad = Command::new(env!("CARGO_BIN_EXE_outbox")).args(["retry"]).output().expect("run");
     assert_eq!(bad.status.code(), Some(2), "retry needs a target");
-    let unreachable = Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .args(["--database-url", "postgres://app:s3cret@127.0.0.1:1/none", "status"])
-        .output()
-        .expect("run");
-    assert_eq!(unreachable.status.code(), Some(3));
-    let err = String::from_utf8_lossy(&unreachable.stderr);
-    assert!(
-        err.contains("cannot connect to postgres://app@127.0.0.1:1/none") && !err.contains("s3cret"),
-        "{err}"
-    );
+    // Passwords in the URL, in the userinfo or as a query parameter, never reach the output.
+    for (url, shown) in [
+        ("postgres://app:s3cret@127.0.0.1:1/none", "postgres://app:(redacted)@127.0.0.1:1/none"),
+        (
+            "postgres://app@127.0.0.1:1/none?password=s3cret&sslmode=disable",
+            "postgres://app@127.0.0.1:1/none?password=(redacted)&sslmode=disable",
+        ),
+    ] {
+        let unreachable = Command::new(env!("CARGO_BIN_EXE_outbox"))
+            .args(["--database-url", url, "status"])
+            .output()
+            .expect("run");
+        assert_eq!(unreachable.status.code(), Some(3));
+        let err = String::from_utf8_lossy(&unreachable.stderr);
+        assert!(err.contains(&format!("cannot connect to {shown}")) && !err.contains("s3cret"), "{err}");
+    }
 }
 
 /// `GET /metrics` over a plain TCP connection; `None` while nothing listens.

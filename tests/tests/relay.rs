@@ -462,3 +462,96 @@ async fn failed_marks_back_off_instead_of_republishing_in_a_loop(pool: PgPool) {
     assert!(marked, "marked once the database takes writes");
     assert!(has_all(&ids)(&kafka.read_all(TOPIC, Duration::from_secs(10))));
 }
+
+/// Problem 6 of issue 12: with auto-create off, an event whose topic does not exist stayed
+/// pending for ever with `last_error` "Message timed out", naming no topic, and nothing
+/// listed it. Now the relay asks the cluster's metadata before sending: the event is not
+/// sent, its `last_error` names the topic, `Outbox::retrying` lists it, and after
+/// `missing_topic_timeout` it is `failed` with that reason, holding back only its own
+/// aggregate; once the topic exists, `retry` publishes the aggregate in order.
+#[sqlx::test(migrations = false)]
+async fn a_missing_topic_is_named_then_failed_holding_back_only_its_aggregate(pool: PgPool) {
+    let kafka = Kafka::mock();
+    kafka.create_topic(TOPIC, 1).await;
+    let outbox = migrate(&pool).await;
+    let missing = format!("no-such-topic-{}", Uuid::new_v4());
+    let lost = append_steps(&pool, &outbox, "lost", 3, "x").await;
+    sqlx::query("UPDATE outbox SET topic = $1 WHERE aggregate_id = 'lost'")
+        .bind(&missing)
+        .execute(&pool)
+        .await
+        .expect("point lost at a missing topic");
+    let mut healthy = Vec::new();
+    for i in 0..4 {
+        healthy.extend(append_steps(&pool, &outbox, &format!("healthy-{i}"), 2, "ok").await);
+    }
+    let timeout = Duration::from_secs(4);
+    let started = std::time::Instant::now();
+    let relay = start(
+        &pool,
+        &outbox,
+        quick(&kafka).producer_setting("allow.auto.create.topics", "false").missing_topic_timeout(timeout),
+    );
+
+    // While the topic is missing: the head event waits, naming the topic, listed as retrying.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            rows_in(&pool, "published").await == 8
+                && outbox.retrying(&pool, 10).await.is_ok_and(|r| r.events.iter().any(|e| e.attempts > 0))
+        })
+        .await,
+        "the other aggregates are published while lost's head waits"
+    );
+    let waiting = outbox.retrying(&pool, 10).await.expect("retrying");
+    assert!(started.elapsed() < timeout, "seen waiting before the timeout");
+    assert_eq!(waiting.total, 1, "{waiting:?}");
+    let head = &waiting.events[0];
+    assert_eq!((head.event_id, head.topic.as_str()), (lost[0], missing.as_str()));
+    let reason = head.last_error.clone().unwrap_or_default();
+    assert!(
+        reason.contains(&format!("topic {missing} does not exist")),
+        "the error names the topic: {reason}"
+    );
+    assert!(head.next_attempt_at.ends_with('Z') && head.next_attempt_in_seconds.is_finite());
+
+    // After the timeout: failed with that reason, its later events held back, never tried.
+    assert!(
+        eventually(Duration::from_secs(20), || async { rows_in(&pool, "failed").await == 1 }).await,
+        "failed after missing_topic_timeout"
+    );
+    assert!(started.elapsed() >= timeout, "not failed before the timeout");
+    let failed = outbox.failed(&pool).await.expect("failed");
+    assert_eq!((failed[0].event_id, failed[0].held_back), (lost[0], 2));
+    let reason = failed[0].last_error.clone().unwrap_or_default();
+    assert!(reason.contains(&missing) && reason.contains("outbox retry"), "{reason}");
+    let held: Vec<i32> = sqlx::query_scalar(
+        "SELECT attempts FROM outbox WHERE aggregate_id = 'lost' AND status = 'pending' ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("held");
+    assert_eq!(held, [0, 0], "later events of the aggregate are held back, never attempted");
+
+    // The topic is created; retry publishes the aggregate, in order.
+    kafka.create_topic(&missing, 1).await;
+    let retried = outbox
+        .retry(&pool, &outbox_runtime::ops::RetryTarget::Aggregate("lost".into()))
+        .await
+        .expect("retry");
+    assert_eq!(retried, 1);
+    assert!(
+        eventually(Duration::from_secs(20), || async { rows_in(&pool, "published").await == 11 }).await,
+        "published once the topic exists: {:?}",
+        sqlx::query_as::<_, (String, i32, Option<String>)>(
+            "SELECT status, attempts, last_error FROM outbox WHERE aggregate_id = 'lost' ORDER BY id"
+        )
+        .fetch_all(&pool)
+        .await
+    );
+    relay.shutdown().await;
+    let records = kafka.read_all(&missing, Duration::from_secs(20));
+    let versions: Vec<&str> = records.iter().map(|r| r.headers["ce_aggregateversion"].as_str()).collect();
+    assert_eq!(versions, ["1", "2", "3"]);
+    assert!(has_all(&healthy)(&kafka.read_all(TOPIC, Duration::from_secs(20))));
+    assert_eq!(outbox.retrying(&pool, 10).await.expect("retrying").total, 0);
+}

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::kafka_settings::{canonical, redacted};
+use crate::kafka_settings::canonical;
+use crate::secrets::{redact_urls, redacted};
 
 const MS: Duration = Duration::from_millis(1);
 const HOUR: Duration = Duration::from_secs(3600);
@@ -42,7 +43,7 @@ impl std::fmt::Debug for InboxConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InboxConfig")
             .field("consumer", &self.consumer)
-            .field("brokers", &self.brokers)
+            .field("brokers", &redact_urls(&self.brokers))
             .field("topics", &self.topics)
             .field("schema", &self.schema)
             .field("table", &self.table)
@@ -338,8 +339,9 @@ mod tests {
 
     #[test]
     fn debug_never_shows_a_secret() {
-        let config = InboxConfig::new("c", "b", ["t"])
+        let config = InboxConfig::new("c", "sasl_ssl://svc:hunter1@broker:9093", ["t"])
             .kafka_setting("sasl.password", "hunter2")
+            .kafka_setting("sasl.oauthbearer.token.endpoint.url", "https://svc:hunter4@idp/token")
             .kafka_setting("ssl.key.password", "hunter3")
             .kafka_setting("security.protocol", "SASL_SSL");
         let shown = format!("{config:?}");

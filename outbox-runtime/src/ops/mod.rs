@@ -32,7 +32,9 @@ pub struct Status {
     /// Age in seconds of the oldest event not yet published (pending or failed): the
     /// headline figure. `None` when there is none.
     pub oldest_unpublished_age_seconds: Option<f64>,
-    /// Pending events that already failed at least once (retrying).
+    /// Pending events waiting for a retry after a failed attempt (see
+    /// [`Outbox::retrying`]). Replayed events and failed events put back by `retry` are
+    /// plain pending until an attempt fails.
     pub retrying: i64,
     /// Over the last `window_seconds`: events appended per second.
     pub appended_per_second: f64,
@@ -92,6 +94,41 @@ pub struct FailedEvent {
     pub held_back: i64,
 }
 
+/// A pending event waiting for its next attempt after a failed one, for operators (never
+/// its payload).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct RetryingEvent {
+    /// Its id.
+    pub event_id: Uuid,
+    /// Its type.
+    pub event_type: String,
+    /// Its aggregate.
+    pub aggregate_type: String,
+    /// Its aggregate's id.
+    pub aggregate_id: String,
+    /// The topic it goes to.
+    pub topic: String,
+    /// Attempts made.
+    pub attempts: i32,
+    /// When it is tried again (RFC 3339, UTC).
+    pub next_attempt_at: String,
+    /// Seconds until then; 0 or less when it is due (the next batch takes it).
+    pub next_attempt_in_seconds: f64,
+    /// What the last attempt ran into.
+    pub last_error: Option<String>,
+}
+
+/// Events waiting for a retry: how many in all, and the oldest of them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct Retrying {
+    /// How many pending events wait for a retry in all.
+    pub total: i64,
+    /// The oldest of them (by append order), at most the limit asked for.
+    pub events: Vec<RetryingEvent>,
+}
+
 /// Which failed events to retry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RetryTarget {
@@ -117,7 +154,7 @@ impl Outbox {
             "SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'failed'), \
                     count(*) FILTER (WHERE status = 'published'), count(*) FILTER (WHERE status = 'discarded'), \
                     EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE status IN ('pending', 'failed')))::float8, \
-                    count(*) FILTER (WHERE status = 'pending' AND attempts > 0), \
+                    count(*) FILTER (WHERE status = 'pending' AND next_attempt_at > '-infinity'), \
                     (SELECT count(*) FROM {t} WHERE created_at >= now() - $1 * interval '1 second'), \
                     (SELECT count(*) FROM {t} WHERE published_at >= now() - $1 * interval '1 second'), \
                     pg_total_relation_size($2::regclass), \
@@ -212,6 +249,55 @@ impl Outbox {
                 }
             })
             .collect())
+    }
+
+    /// Pending events waiting for a retry after a failed attempt (broker down, a topic
+    /// missing, a timeout), oldest first, at most `limit` of them, with their attempts,
+    /// next attempt and last error; and how many there are in all.
+    pub async fn retrying(&self, pool: &PgPool, limit: u32) -> Result<Retrying> {
+        let t = &self.names().outbox;
+        // Exactly the pending half of the `blocked` index's predicate, so both use it.
+        let waiting = "status = 'pending' AND next_attempt_at > '-infinity'";
+        let total: i64 =
+            sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {t} WHERE {waiting}")))
+                .fetch_one(pool)
+                .await?;
+        let sql = format!(
+            "SELECT event_id, event_type, aggregate_type, aggregate_id, topic, attempts, \
+                    to_char(next_attempt_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
+                    EXTRACT(EPOCH FROM next_attempt_at - now())::float8, last_error \
+             FROM {t} WHERE {waiting} ORDER BY id LIMIT $1"
+        );
+        type Row = (Uuid, String, String, String, String, i32, String, f64, Option<String>);
+        let rows: Vec<Row> =
+            sqlx::query_as(AssertSqlSafe(sql)).bind(i64::from(limit)).fetch_all(pool).await?;
+        let events = rows
+            .into_iter()
+            .map(
+                |(
+                    event_id,
+                    event_type,
+                    aggregate_type,
+                    aggregate_id,
+                    topic,
+                    attempts,
+                    next_attempt_at,
+                    next_attempt_in_seconds,
+                    last_error,
+                )| RetryingEvent {
+                    event_id,
+                    event_type,
+                    aggregate_type,
+                    aggregate_id,
+                    topic,
+                    attempts,
+                    next_attempt_at,
+                    next_attempt_in_seconds,
+                    last_error,
+                },
+            )
+            .collect();
+        Ok(Retrying { total, events })
     }
 
     /// Puts failed events back up for publication (due at once). Returns how many.

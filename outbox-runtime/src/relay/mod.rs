@@ -27,6 +27,7 @@ pub mod bench;
 mod claim;
 mod lease;
 mod publish;
+mod topics;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -46,9 +47,11 @@ use uuid::Uuid;
 use self::claim::{Fence, Marks, Row, Statements};
 use self::lease::Leases;
 use self::publish::Sent;
+use self::topics::{Topics, Verdict, MISSING_CODE};
 use crate::error::{Error, Result};
-use crate::kafka_settings::{canonical, is_secret, redacted};
+use crate::kafka_settings::canonical;
 use crate::outbox::Outbox;
+use crate::secrets::{is_secret, redact_urls, redacted, REDACTED};
 
 pub(crate) use self::backoff::delay as backoff_delay;
 pub use crate::cleanup::Cleanup;
@@ -65,6 +68,7 @@ pub struct RelayConfig {
     backoff_base: Duration,
     backoff_max: Duration,
     max_attempts: Option<u32>,
+    missing_topic_timeout: Duration,
     source: String,
     producer: BTreeMap<String, String>,
     cleanup: Option<Cleanup>,
@@ -73,7 +77,7 @@ pub struct RelayConfig {
 impl std::fmt::Debug for RelayConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RelayConfig")
-            .field("brokers", &self.brokers)
+            .field("brokers", &redact_urls(&self.brokers))
             .field("batch_size", &self.batch_size)
             .field("poll_interval", &self.poll_interval)
             .field("lease_ttl", &self.lease_ttl)
@@ -81,6 +85,7 @@ impl std::fmt::Debug for RelayConfig {
             .field("backoff_base", &self.backoff_base)
             .field("backoff_max", &self.backoff_max)
             .field("max_attempts", &self.max_attempts)
+            .field("missing_topic_timeout", &self.missing_topic_timeout)
             .field("source", &self.source)
             .field("producer", &redacted(&self.producer))
             .field("cleanup", &self.cleanup)
@@ -100,6 +105,7 @@ impl RelayConfig {
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(300),
             max_attempts: None,
+            missing_topic_timeout: Duration::from_secs(300),
             source: "/outbox".to_owned(),
             producer: BTreeMap::new(),
             cleanup: Some(Cleanup::default()),
@@ -161,6 +167,18 @@ impl RelayConfig {
         self
     }
 
+    /// How long an event waits for its topic when the cluster says the topic does not
+    /// exist. Until then it is not sent (a send could only time out); it stays pending with
+    /// a `last_error` naming the topic and is retried with backoff. After this long the
+    /// event is marked `failed` with that reason, holding back only its aggregate's later
+    /// events; `outbox retry` puts it back once the topic exists. The time counts from
+    /// when this relay first found the topic missing. Default: 5 min.
+    #[must_use]
+    pub fn missing_topic_timeout(mut self, timeout: Duration) -> Self {
+        self.missing_topic_timeout = timeout;
+        self
+    }
+
     /// The CloudEvents `source` attribute (`ce_source` header). Default: `/outbox`.
     #[must_use]
     pub fn source(mut self, source: impl Into<String>) -> Self {
@@ -219,7 +237,7 @@ impl RelayConfig {
                 }
                 _ => continue,
             };
-            let shown = if is_secret(key) { "(redacted)" } else { value.as_str() };
+            let shown = if is_secret(key) { REDACTED.into() } else { redact_urls(value) };
             return Err(Error::Config(format!("producer_setting {key} = {shown:?} is refused: {refused}")));
         }
         if self.lease_ttl <= self.message_timeout * 2 {
@@ -227,6 +245,12 @@ impl RelayConfig {
                 "lease_ttl ({:?}) must exceed twice the message timeout ({:?}): a batch must end within a lease",
                 self.lease_ttl, self.message_timeout
             )));
+        }
+        if self.missing_topic_timeout.is_zero() {
+            return Err(Error::Config(
+                "missing_topic_timeout is 0: events would be failed the moment their topic is not found"
+                    .into(),
+            ));
         }
         if self.poll_interval.is_zero() || self.backoff_base.is_zero() || self.backoff_max < self.backoff_base
         {
@@ -288,6 +312,8 @@ pub struct Relay {
     /// logged at debug since.
     transient_warned: Option<Instant>,
     transient_suppressed: u64,
+    /// Which topics exist, as the cluster's metadata last said.
+    topics: Topics,
     stats: Arc<RelayStats>,
 }
 
@@ -317,6 +343,7 @@ impl Relay {
         let names = outbox.names();
         let leases = Leases::new(names, Uuid::new_v4(), config.lease_ttl);
         let sql = Arc::new(Statements::new(names));
+        let topics = Topics::new(config.missing_topic_timeout);
         Ok(Relay {
             pool,
             outbox,
@@ -328,6 +355,7 @@ impl Relay {
             mark_failures: Arc::default(),
             transient_warned: None,
             transient_suppressed: 0,
+            topics,
             stats: Arc::default(),
         })
     }
@@ -481,6 +509,10 @@ impl Relay {
         async {
             let started = Instant::now();
             self.stats.batches.fetch_add(1, Ordering::Relaxed);
+            self.topics
+                .check(&self.producer, rows.iter().map(|r| r.topic.as_str()), self.config.message_timeout / 2)
+                .await;
+            metrics::gauge!(crate::metrics::MISSING_TOPICS).set(self.topics.missing() as f64);
             let chains = chains(rows);
             let results = join_all(chains.iter().map(|chain| self.publish_chain(chain, margin))).await;
 
@@ -501,11 +533,17 @@ impl Relay {
                         marks.failed.push((row.id, format!("gave up after {attempt} attempts: {reason}")));
                     }
                     Sent::Transient { reason, code } => {
+                        if code != MISSING_CODE {
+                            // Sent and failed (not held back for a missing topic): the broker
+                            // may be down, and the topic may have gone.
+                            outcome.transient += 1;
+                            self.topics.suspect(&row.topic);
+                        }
                         metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "transient", "code" => code).increment(1);
-                        outcome.transient += 1;
                         let delay = backoff::delay(self.config.backoff_base, self.config.backoff_max, attempt.unsigned_abs());
                         // The error alone ("Message timed out") does not say where: name the topic.
-                        let reason = format!("{reason} (topic {})", row.topic);
+                        let reason =
+                            if reason.contains(&row.topic) { reason } else { format!("{reason} (topic {})", row.topic) };
                         if self.transient_warned.is_none_or(|t| t.elapsed() >= TRANSIENT_WARN_EVERY) {
                             self.transient_warned = Some(Instant::now());
                             warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
@@ -572,7 +610,11 @@ impl Relay {
             if !self.leases.is_valid(row.work_partition, margin) {
                 break;
             }
-            let sent = publish::send(&self.producer, row, &self.config.source).await;
+            let sent = match self.topics.verdict(&row.topic) {
+                Verdict::Send => publish::send(&self.producer, row, &self.config.source).await,
+                Verdict::Wait(reason) => Sent::Transient { reason, code: MISSING_CODE.to_owned() },
+                Verdict::Fail(reason) => Sent::Permanent { reason, code: MISSING_CODE.to_owned() },
+            };
             let acked = matches!(sent, Sent::Acked(_));
             results.push((row, sent));
             if !acked {

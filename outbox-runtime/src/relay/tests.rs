@@ -166,6 +166,7 @@ fn settings_that_break_a_guarantee_are_refused_whatever_name_sets_them() {
         (base().producer_setting("transactional.id", "relay-1"), "transactional.id"),
         (base().max_attempts(Some(0)), "max_attempts"),
         (base().lease_ttl(Duration::from_secs(15)).message_timeout(Duration::from_secs(10)), "lease_ttl"),
+        (base().missing_topic_timeout(Duration::ZERO), "missing_topic_timeout"),
     ];
     for (config, setting) in cases {
         match config.validate() {
@@ -183,6 +184,29 @@ fn settings_that_break_a_guarantee_are_refused_whatever_name_sets_them() {
     let secret =
         base().producer_setting("sasl.password", "hunter2").producer_setting("transactional.id", "x");
     assert!(!format!("{secret:?}").contains("hunter2"), "Debug redacts secrets");
+    match secret.validate() {
+        Err(crate::Error::Config(message)) => assert!(!message.contains("hunter2"), "{message}"),
+        other => panic!("expected Error::Config, got {other:?}"),
+    }
+}
+
+/// Secrets never reach `Debug`: secret settings, and passwords in URL-valued settings and
+/// in the brokers string, whichever form the URL takes.
+#[test]
+fn debug_never_shows_a_secret() {
+    use super::RelayConfig;
+    let config = RelayConfig::new("sasl_ssl://svc:hunter1@broker:9093")
+        .producer_setting("sasl.password", "hunter2")
+        .producer_setting("ssl.key.password", "hunter3")
+        .producer_setting("sasl.oauthbearer.client.secret", "hunter4")
+        .producer_setting("sasl.oauthbearer.token.endpoint.url", "https://idp/token?client_secret=hunter5")
+        .producer_setting("security.protocol", "SASL_SSL");
+    let shown = format!("{config:?}");
+    assert!(!shown.contains("hunter"), "{shown}");
+    assert!(
+        shown.contains("SASL_SSL") && shown.contains("https://idp/token?client_secret=(redacted)"),
+        "{shown}"
+    );
 }
 
 /// Fault: relay A's mark waits on a row lock (an operator's transaction holds the row)
