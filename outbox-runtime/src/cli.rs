@@ -628,6 +628,12 @@ async fn reconcile(outbox: &Outbox, pool: &PgPool, args: ReconcileArgs) -> Resul
         for event_type in &result.not_consumed {
             println!("{event_type}: none of its events is in the inbox; taken as not consumed (require it with --event-type)");
         }
+        if inbox.is_some() && !result.one_snapshot {
+            println!(
+                "the inbox is in another database: it was read just after the outbox, so events published in \
+                 the last moments may show as not applied (set --until a little in the past)"
+            );
+        }
         if result.differences == 0 {
             println!("no differences");
         } else {

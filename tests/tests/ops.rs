@@ -169,3 +169,135 @@ async fn a_replay_with_a_relay_running_replays_each_row_exactly_once(pool: PgPoo
         .expect("attempts");
     assert_eq!(not_twice, 0, "every row was sent exactly once more");
 }
+
+/// Problem 7 of issue 12: reconcile read each count at its own moment, so a relay
+/// publishing, a consumer applying or a purge deleting meanwhile made its figures disagree
+/// with each other (rows counted twice, applied above published). Now the outbox is read
+/// in one snapshot and the inbox in that same snapshot (same database): on every run, the
+/// totals are exactly what was appended and every published event is accounted for once.
+#[sqlx::test(migrations = false)]
+async fn reconcile_counts_one_moment_while_events_are_published_applied_and_purged(pool: PgPool) {
+    const EVENTS: i64 = 20_000;
+    const CHUNK: i64 = 250;
+    let outbox = migrate(&pool).await;
+    let config = InboxConfig::new("ledger", "127.0.0.1:1", [Deposit::TOPIC]);
+    let inbox = Inbox::new(pool.clone(), config, Handlers::new().on::<Deposit, _>(Ledger)).expect("inbox");
+    inbox.migrator().run(&pool).await.expect("inbox tables");
+    drop(inbox);
+    sqlx::query(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, schema_version, topic, payload) \
+         SELECT gen_random_uuid(), 'account', 'acc-' || (n % 100), 'test.deposit', 1, 'outbox-test-ops', '{}' \
+         FROM generate_series(1, $1) n",
+    )
+    .bind(EVENTS)
+    .execute(&pool)
+    .await
+    .expect("events");
+
+    // A relay, a consumer one chunk behind it and a purge, each in its own transactions.
+    let busy = pool.clone();
+    let outbox_for_purge = outbox.clone();
+    let mutator = tokio::spawn(async move {
+        for k in 0..=EVENTS / CHUNK {
+            sqlx::query(
+                "UPDATE outbox SET status = 'published', published_at = now(), kafka_partition = 0, kafka_offset = id \
+                 WHERE id > $1 AND id <= $2",
+            )
+            .bind(k * CHUNK)
+            .bind((k + 1) * CHUNK)
+            .execute(&busy)
+            .await
+            .expect("publish");
+            sqlx::query(
+                "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset) \
+                 SELECT 'ledger', event_id, event_type, 1, topic, 0, id FROM outbox \
+                 WHERE id > $1 AND id <= $2 AND status = 'published'",
+            )
+            .bind((k - 1) * CHUNK)
+            .bind(k * CHUNK)
+            .execute(&busy)
+            .await
+            .expect("apply");
+            if k % 4 == 3 {
+                outbox_for_purge.purge(&busy, Duration::ZERO, 500, |_| {}).await.expect("purge");
+            }
+        }
+    });
+
+    let hour = Duration::from_secs(3600);
+    let (since, until) = (SystemTime::now() - hour, SystemTime::now() + hour);
+    let side =
+        InboxSide::new(pool.clone(), "public", "inbox", "ledger").expect("side").require("test.deposit");
+    let mut runs = 0;
+    while !mutator.is_finished() || runs < 5 {
+        let r = outbox.reconcile(&pool, since, until, Some(&side)).await.expect("reconcile");
+        runs += 1;
+        let sum = |f: fn(&outbox_runtime::ops::ReconciliationRow) -> i64| r.rows.iter().map(f).sum::<i64>();
+        assert!(r.one_snapshot, "the inbox is in the same database: one snapshot");
+        assert_eq!(sum(|r| r.appended), EVENTS, "run {runs}: each event counted once: {r:?}");
+        assert_eq!(sum(|r| r.published) + sum(|r| r.unpublished), EVENTS, "run {runs}: {r:?}");
+        for row in &r.rows {
+            let not_applied = row.not_applied.expect("a consumer of the type");
+            assert!(not_applied >= 0, "run {runs}: {row:?}");
+            assert_eq!(
+                row.applied.unwrap_or(0)
+                    + row.stale.unwrap_or(0)
+                    + row.consumer_discarded.unwrap_or(0)
+                    + not_applied
+                    + row.cleaned_up,
+                row.published,
+                "run {runs}: every published event is cleaned up, in the inbox or not applied: {row:?}"
+            );
+            assert!(not_applied <= 2 * CHUNK, "the consumer is one chunk behind at most: {row:?}");
+        }
+    }
+    mutator.await.expect("mutator");
+    eprintln!("{runs} reconciliations while publishing, applying and purging");
+    assert!(runs >= 5);
+}
+
+/// The inbox in another database cannot share the outbox's snapshot: reconcile says so
+/// (`one_snapshot` false) and still counts right.
+#[sqlx::test(migrations = false)]
+async fn reconcile_with_the_inbox_in_another_database_reads_it_in_a_snapshot_of_its_own(pool: PgPool) {
+    let outbox = migrate(&pool).await;
+    let other_db = format!("reconcile_other_{}", Uuid::new_v4().simple());
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {other_db}")))
+        .execute(&pool)
+        .await
+        .expect("create");
+    let url = format!("{}/{other_db}", outbox_tests::database_url(&pool).rsplit_once('/').expect("url").0);
+    let other = PgPool::connect(&url).await.expect("other database");
+    let config = InboxConfig::new("ledger", "127.0.0.1:1", [Deposit::TOPIC]);
+    let inbox = Inbox::new(other.clone(), config, Handlers::new().on::<Deposit, _>(Ledger)).expect("inbox");
+    inbox.migrator().run(&other).await.expect("inbox tables");
+    drop(inbox);
+    let ids: Vec<Uuid> = sqlx::query_scalar(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, schema_version, topic, payload, \
+                             status, published_at) \
+         SELECT gen_random_uuid(), 'account', 'acc', 'test.deposit', 1, 'outbox-test-ops', '{}', 'published', now() \
+         FROM generate_series(1, 10) RETURNING event_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("events");
+    sqlx::query(
+        "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset) \
+         SELECT 'ledger', id, 'test.deposit', 1, 'outbox-test-ops', 0, 0 FROM unnest($1::uuid[]) id",
+    )
+    .bind(&ids[1..])
+    .execute(&other)
+    .await
+    .expect("applied");
+    let side = InboxSide::new(other.clone(), "public", "inbox", "ledger").expect("side");
+    let hour = Duration::from_secs(3600);
+    let r = outbox
+        .reconcile(&pool, SystemTime::now() - hour, SystemTime::now() + hour, Some(&side))
+        .await
+        .expect("reconcile");
+    other.close().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {other_db}"))).execute(&pool).await.expect("drop");
+    assert!(!r.one_snapshot, "{r:?}");
+    assert_eq!((r.rows[0].published, r.rows[0].applied, r.rows[0].not_applied), (10, Some(9), Some(1)));
+    assert_eq!(r.rows[0].not_applied_ids, [ids[0]]);
+}

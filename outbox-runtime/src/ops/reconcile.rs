@@ -1,11 +1,17 @@
 //! Reconciliation: per event type and hour of creation, events appended, published and,
 //! given the consumer's database, applied; and the differences between them.
+//!
+//! Every count of the outbox comes from one snapshot (one `REPEATABLE READ` transaction),
+//! and every lookup in the inbox from one snapshot taken after it: a relay publishing or
+//! a cleanup deleting meanwhile cannot make the counts disagree with each other. When the
+//! inbox is in the same database, its transaction imports the outbox's snapshot, so both
+//! are read at one moment.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::SystemTime;
 
 use serde::Serialize;
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use super::replay::epoch_seconds;
@@ -96,6 +102,41 @@ pub struct Reconciliation {
     pub not_consumed: Vec<String>,
     /// Rows with a difference: unpublished events, or published events not applied.
     pub differences: usize,
+    /// Whether the inbox was read in the outbox's own snapshot (same database): then both
+    /// are counted at one moment. Otherwise the inbox is read just after the outbox, and
+    /// an event published right before may show as not applied if the consumer had not
+    /// applied it yet; give `until` a little in the past to leave that out.
+    pub one_snapshot: bool,
+}
+
+/// Begins a read-only transaction that sees one snapshot throughout.
+async fn snapshot(pool: &PgPool) -> Result<Transaction<'static, Postgres>> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY").execute(&mut *tx).await?;
+    Ok(tx)
+}
+
+/// A snapshot of the inbox's database: the outbox's own when it can be imported there
+/// (same database), else a new one. Says which.
+async fn inbox_snapshot(
+    pool: &PgPool,
+    outbox_snapshot: Option<&str>,
+) -> Result<(Transaction<'static, Postgres>, bool)> {
+    if let Some(id) = outbox_snapshot {
+        let mut tx = snapshot(pool).await?;
+        // An identifier is hex digits and dashes (it cannot be a bound parameter). Importing
+        // fails in another database or on another server: then a snapshot of its own.
+        if id.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+            && sqlx::query(AssertSqlSafe(format!("SET TRANSACTION SNAPSHOT '{id}'")))
+                .execute(&mut *tx)
+                .await
+                .is_ok()
+        {
+            return Ok((tx, true));
+        }
+        tx.rollback().await?;
+    }
+    Ok((snapshot(pool).await?, false))
 }
 
 impl Outbox {
@@ -123,8 +164,9 @@ impl Outbox {
                AND hour < to_timestamp($2) AT TIME ZONE 'UTC' GROUP BY 1, 2"
         );
         let mut rows: BTreeMap<(String, String), ReconciliationRow> = BTreeMap::new();
+        let mut tx = snapshot(pool).await?;
         let present: Vec<(String, String, i64, i64, i64, i64)> =
-            sqlx::query_as(AssertSqlSafe(present)).bind(since).bind(until).fetch_all(pool).await?;
+            sqlx::query_as(AssertSqlSafe(present)).bind(since).bind(until).fetch_all(&mut *tx).await?;
         for (event_type, hour, appended, published, unpublished, discarded) in present {
             let row = rows.entry((event_type.clone(), hour.clone())).or_insert_with(|| ReconciliationRow {
                 event_type,
@@ -137,7 +179,7 @@ impl Outbox {
             row.discarded += discarded;
         }
         let gone: Vec<(String, String, i64, i64)> =
-            sqlx::query_as(AssertSqlSafe(gone)).bind(since).bind(until).fetch_all(pool).await?;
+            sqlx::query_as(AssertSqlSafe(gone)).bind(since).bind(until).fetch_all(&mut *tx).await?;
         for (event_type, hour, published, discarded) in gone {
             let row = rows.entry((event_type.clone(), hour.clone())).or_insert_with(|| ReconciliationRow {
                 event_type,
@@ -151,8 +193,16 @@ impl Outbox {
         }
 
         let mut not_consumed = Vec::new();
+        let mut one_snapshot = false;
         if let Some(inbox) = inbox {
-            let missing = self.not_in_inbox(pool, since, until, inbox, &mut rows).await?;
+            // Not available everywhere (a standby before PostgreSQL 10, say): then the
+            // inbox gets a snapshot of its own.
+            let exported: Option<String> =
+                sqlx::query_scalar("SELECT pg_export_snapshot()").fetch_one(&mut *tx).await.ok();
+            let (mut inbox_tx, same) = inbox_snapshot(&inbox.pool, exported.as_deref()).await?;
+            one_snapshot = same;
+            let missing = self.not_in_inbox(&mut tx, &mut inbox_tx, since, until, inbox, &mut rows).await?;
+            inbox_tx.commit().await?;
             let types: BTreeSet<String> = rows.keys().map(|(event_type, _)| event_type.clone()).collect();
             for event_type in types {
                 let seen = rows.values().any(|r| {
@@ -175,16 +225,18 @@ impl Outbox {
                 }
             }
         }
+        tx.commit().await?;
         let rows: Vec<ReconciliationRow> = rows.into_values().collect();
         let differences = rows.iter().filter(|r| r.unpublished > 0 || r.not_applied.unwrap_or(0) > 0).count();
-        Ok(Reconciliation { rows, not_consumed, differences })
+        Ok(Reconciliation { rows, not_consumed, differences, one_snapshot })
     }
 
     /// Sets `applied` on every row from the inbox and returns, per row, up to 20 published
     /// event ids the inbox lacks.
     async fn not_in_inbox(
         &self,
-        pool: &PgPool,
+        outbox_tx: &mut PgConnection,
+        inbox_tx: &mut PgConnection,
         since: f64,
         until: f64,
         inbox: &InboxSide,
@@ -213,7 +265,7 @@ impl Outbox {
                 .bind(until)
                 .bind(after)
                 .bind(CHUNK)
-                .fetch_all(pool)
+                .fetch_all(&mut *outbox_tx)
                 .await?;
             let Some(last) = chunk.last() else { break };
             after = last.0;
@@ -221,7 +273,7 @@ impl Outbox {
             let outcomes: BTreeMap<Uuid, String> = sqlx::query_as(AssertSqlSafe(found.as_str()))
                 .bind(&inbox.consumer)
                 .bind(&ids)
-                .fetch_all(&inbox.pool)
+                .fetch_all(&mut *inbox_tx)
                 .await?
                 .into_iter()
                 .collect();
