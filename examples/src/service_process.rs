@@ -1,5 +1,8 @@
 //! The example's order service as a process (`cargo run -p outbox-examples --bin order-service`):
 //! places `ORDERS` orders and confirms each (twice at once: one wins), then exits.
+//! A transient database failure (the server restarting, say) is retried for up to a
+//! minute, each retry logged: a confirmation whose commit was cut off is retried safely,
+//! because a retry of a confirmation that did commit finds the order no longer pending.
 //!
 //! | variable | meaning | default |
 //! |---|---|---|
@@ -7,21 +10,50 @@
 //! | `ORDERS` | how many orders | 100 |
 //! | `ORDERS_PER_SECOND` | pace (0: as fast as possible) | 0 |
 
+use std::future::Future;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use outbox_runtime::Outbox;
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
 use crate::events::{OrderLine, Payment};
-use crate::orders::{self, Confirmed, NewOrder};
+use crate::orders::{self, Confirmed, NewOrder, OrderError};
 use crate::relay_process::{init_logging, DEFAULT_DATABASE_URL};
 
 fn number(name: &str, default: u64) -> Result<u64, String> {
     match std::env::var(name) {
         Ok(v) => v.parse().map_err(|_| format!("{name}={v:?} is not a number")),
         Err(_) => Ok(default),
+    }
+}
+
+/// How long one operation is retried while the database fails transiently.
+const RETRY_FOR: Duration = Duration::from_secs(60);
+
+/// Runs `op` until it succeeds, fails for good, or has failed transiently for
+/// [`RETRY_FOR`]; each retry is logged at warn.
+async fn with_retries<T, F, Fut>(what: &str, mut op: F) -> Result<T, OrderError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, OrderError>>,
+{
+    let started = Instant::now();
+    let mut attempt = 1u32;
+    loop {
+        let error = match op().await {
+            Ok(value) => return Ok(value),
+            Err(OrderError::Database(e)) => OrderError::Outbox(outbox_runtime::Error::Database(e)),
+            Err(e) => e,
+        };
+        let transient = matches!(&error, OrderError::Outbox(e) if e.is_transient());
+        if !transient || started.elapsed() >= RETRY_FOR {
+            return Err(error);
+        }
+        tracing::warn!(stage = what, attempt, %error, "transient database failure; retrying");
+        tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt.min(10)))).await;
+        attempt += 1;
     }
 }
 
@@ -59,9 +91,13 @@ pub fn main_from_env() -> ExitCode {
                 currency: "EUR".into(),
                 payment: Payment::Card { last4: "4242".into() },
             };
-            let id = orders::place(&pool, &outbox, &order).await?;
-            let (a, b) =
-                tokio::join!(orders::confirm(&pool, &outbox, id), orders::confirm(&pool, &outbox, id));
+            // A place whose commit was cut off and did commit leaves an order that is never
+            // confirmed; the retry places a new one.
+            let id = with_retries("place", || orders::place(&pool, &outbox, &order)).await?;
+            let (a, b) = tokio::join!(
+                with_retries("confirm", || orders::confirm(&pool, &outbox, id)),
+                with_retries("confirm", || orders::confirm(&pool, &outbox, id))
+            );
             confirmed += [a?, b?].iter().filter(|c| matches!(c, Confirmed::Now { .. })).count() as u64;
             tokio::time::sleep(pause).await;
         }

@@ -1,11 +1,18 @@
 //! `cargo xtask chaos --events N --seconds S`: the order service, 2 relays and 2 consumers
 //! as separate processes against the dev broker (an in-process mock cluster). For S
-//! seconds relays and consumers are killed with SIGKILL at random moments and the broker
-//! goes down for a while; then everything is left to settle and the result is checked:
-//! every confirmed order has exactly one applied effect in the projection.
+//! seconds relays and consumers are killed with SIGKILL at random moments, the broker
+//! goes down for a while and PostgreSQL is restarted (every connection of every process
+//! is cut, commits in flight included); then everything is left to settle and the result
+//! is checked: every confirmed order has exactly one applied effect in the projection.
+//!
+//! The PostgreSQL restart runs `pg_ctlcluster --skip-systemctl-redirect VERSION main
+//! restart` (the one cluster under `/etc/postgresql`), or the shell command in
+//! `OUTBOX_CHAOS_PG_RESTART`; `--no-pg-restart` leaves it out (a database this machine
+//! cannot restart). Without either, a machine that cannot restart it is an error, not a
+//! silently skipped fault.
 //!
 //! The last line printed is JSON:
-//! `{"events":N,"published":..,"applied":..,"lost":0,"applied_twice":0,"duplicates_absorbed":..,"kills":..}`;
+//! `{"events":N,"published":..,"applied":..,"lost":0,"applied_twice":0,"duplicates_absorbed":..,"kills":..,"pg_restarts":1}`;
 //! the exit code is 1 when anything was lost or applied twice. `duplicates_absorbed` counts
 //! the `order.confirmed` records in the topic beyond one per event (published again by a
 //! relay killed before it marked them), each absorbed by the inbox; redeliveries to a
@@ -36,6 +43,45 @@ pub(crate) struct ChaosArgs {
     /// Seed for the random kills (default: from the clock; printed).
     #[arg(long)]
     seed: Option<u64>,
+    /// Do not restart PostgreSQL during the faults.
+    #[arg(long)]
+    no_pg_restart: bool,
+}
+
+/// The command that restarts the PostgreSQL server, if this machine has one.
+fn pg_restart_command() -> Result<String, Failure> {
+    if let Ok(command) = std::env::var("OUTBOX_CHAOS_PG_RESTART") {
+        return Ok(command);
+    }
+    let versions: Vec<String> = std::fs::read_dir("/etc/postgresql")
+        .map_err(|e| {
+            format!(
+                "cannot restart PostgreSQL here (/etc/postgresql: {e}): set OUTBOX_CHAOS_PG_RESTART to a command \
+                 that does, or pass --no-pg-restart"
+            )
+        })?
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .collect();
+    match versions.as_slice() {
+        [version] => Ok(format!("pg_ctlcluster --skip-systemctl-redirect {version} main restart")),
+        _ => Err(format!(
+            "cannot tell which PostgreSQL cluster to restart ({versions:?} under /etc/postgresql): set \
+             OUTBOX_CHAOS_PG_RESTART, or pass --no-pg-restart"
+        )
+        .into()),
+    }
+}
+
+/// Restarts PostgreSQL; returns how long it took.
+async fn restart_postgres(command: &str) -> Result<Duration, Failure> {
+    let started = Instant::now();
+    let command = command.to_owned();
+    let status =
+        tokio::task::spawn_blocking(move || Command::new("sh").args(["-c", &command]).status()).await??;
+    if !status.success() {
+        return Err(format!("restarting PostgreSQL failed: {status}").into());
+    }
+    Ok(started.elapsed())
 }
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
@@ -194,6 +240,7 @@ async fn chaos(args: ChaosArgs) -> Result<bool, Failure> {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
     });
     let mut rng = Rng(seed | 1);
+    let pg_restart = if args.no_pg_restart { None } else { Some(pg_restart_command()?) };
     let bin = binaries()?;
     let base = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| outbox_examples::relay_process::DEFAULT_DATABASE_URL.to_owned());
@@ -270,9 +317,18 @@ async fn chaos(args: ChaosArgs) -> Result<bool, Failure> {
     let outage_at = started + Duration::from_millis(rng.range(args.seconds * 200, args.seconds * 600));
     let outage = Duration::from_millis(rng.range(2000, 4000));
     let mut outage_done = false;
+    let restart_at = started + Duration::from_millis(rng.range(args.seconds * 300, args.seconds * 800));
+    let mut pg_restarts = 0u64;
     let mut kills = 0u64;
     while Instant::now() < faults_end {
         tokio::time::sleep(Duration::from_millis(rng.range(300, 1500))).await;
+        if let Some(command) =
+            pg_restart.as_deref().filter(|_| pg_restarts == 0 && Instant::now() >= restart_at)
+        {
+            let took = restart_postgres(command).await?;
+            pg_restarts += 1;
+            println!("chaos: PostgreSQL restarted ({:.1} s) under every process", took.as_secs_f64());
+        }
         if !outage_done && Instant::now() >= outage_at {
             println!("chaos: broker down for {:.1} s", outage.as_secs_f64());
             mock.broker_down(1)?;
@@ -298,11 +354,24 @@ async fn chaos(args: ChaosArgs) -> Result<bool, Failure> {
             Some(child) => child.try_wait()?.is_some(),
             None => true,
         };
-        let confirmed: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE status = 'confirmed'")
-            .fetch_one(&orders_db)
-            .await?;
-        let projected: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM confirmed_orders").fetch_one(&projection_db).await?;
+        // The harness's own connections were cut by the restart too: a failed read waits.
+        let counts = async {
+            let confirmed: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE status = 'confirmed'")
+                .fetch_one(&orders_db)
+                .await?;
+            let projected: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM confirmed_orders").fetch_one(&projection_db).await?;
+            Ok::<_, sqlx::Error>((confirmed, projected))
+        };
+        let (confirmed, projected) = match counts.await {
+            Ok(counts) => counts,
+            Err(error) if Instant::now() < settle_deadline => {
+                println!("chaos: reading the counts failed ({error}); trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            Err(error) => return Err(error.into()),
+        };
         if service_done && confirmed as u64 == args.events && projected >= confirmed {
             break;
         }
@@ -330,14 +399,18 @@ async fn chaos(args: ChaosArgs) -> Result<bool, Failure> {
     let Verdict { applied, lost, applied_twice } = verdict(&confirmed, &projected);
     let (in_topic, distinct) = topic_counts(&brokers, "orders", "order.confirmed")?;
     let line = format!(
-        "{{\"events\":{},\"published\":{published},\"applied\":{},\"lost\":{lost},\"applied_twice\":{applied_twice},\"duplicates_absorbed\":{},\"kills\":{kills}}}",
+        "{{\"events\":{},\"published\":{published},\"applied\":{},\"lost\":{lost},\"applied_twice\":{applied_twice},\"duplicates_absorbed\":{},\"kills\":{kills},\"pg_restarts\":{pg_restarts}}}",
         confirmed.len(),
         applied,
         in_topic - distinct
     );
     drop(mock);
     println!("{line}");
-    Ok(lost == 0 && applied_twice == 0 && confirmed.len() as u64 == args.events)
+    let restarted = pg_restart.is_none() || pg_restarts == 1;
+    if !restarted {
+        println!("chaos: PostgreSQL was never restarted: the faults were too short");
+    }
+    Ok(lost == 0 && applied_twice == 0 && confirmed.len() as u64 == args.events && restarted)
 }
 
 #[cfg(test)]
