@@ -372,15 +372,18 @@ fn rate(count: impl TryInto<i64>, elapsed: Duration) -> f64 {
 }
 
 /// `append_overhead`: the example's confirm with its outbox append against the same
-/// transaction without it, interleaved so drift hits both alike.
+/// transaction without it, interleaved so drift hits both alike. A third variant appends
+/// without the per-aggregate advisory lock (`lock_aggregates(false)`), which prices the
+/// lock: `aggregate_lock_ms`.
 async fn append_overhead(
     pool: &PgPool,
     outbox: &Outbox,
     sizes: Sizes,
     f: &mut Figures,
 ) -> Result<(), Failure> {
-    let mut ids = Vec::with_capacity(sizes.confirms * 2);
-    for i in 0..sizes.confirms * 2 {
+    let unlocked = Outbox::new(outbox.config().clone().lock_aggregates(false))?;
+    let mut ids = Vec::with_capacity(sizes.confirms * 3);
+    for i in 0..sizes.confirms * 3 {
         let order = NewOrder {
             customer_id: Uuid::now_v7(),
             lines: vec![OrderLine { sku: format!("sku-{}", i % 10), quantity: 1 }],
@@ -391,23 +394,30 @@ async fn append_overhead(
         ids.push(orders::place(pool, outbox, &order).await?);
     }
     // Warm up both paths.
-    let (mut with, mut without) = (Vec::new(), Vec::new());
-    for (i, pair) in ids.chunks(2).enumerate() {
+    let (mut with, mut without, mut with_unlocked) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, trio) in ids.chunks(3).enumerate() {
         let started = Instant::now();
-        orders::confirm(pool, outbox, pair[0]).await?;
+        orders::confirm(pool, outbox, trio[0]).await?;
         let a = started.elapsed().as_secs_f64();
         let started = Instant::now();
-        orders::confirm_without_event(pool, pair[1]).await?;
+        orders::confirm_without_event(pool, trio[1]).await?;
         let b = started.elapsed().as_secs_f64();
+        let started = Instant::now();
+        orders::confirm(pool, &unlocked, trio[2]).await?;
+        let c = started.elapsed().as_secs_f64();
         if i >= 20 {
             with.push(a);
             without.push(b);
+            with_unlocked.push(c);
         }
     }
     let (p50_with, p50_without) = (percentile(&mut with, 0.5), percentile(&mut without, 0.5));
+    let p50_unlocked = percentile(&mut with_unlocked, 0.5);
     f.set("append_overhead", p50_with / p50_without);
     f.set("confirm_p50_ms_with_append", p50_with * 1e3);
+    f.set("confirm_p50_ms_with_append_unlocked", p50_unlocked * 1e3);
     f.set("confirm_p50_ms_without_append", p50_without * 1e3);
+    f.set("aggregate_lock_ms", (p50_with - p50_unlocked) * 1e3);
     f.set("confirms_measured", with.len());
     sqlx::query("TRUNCATE outbox").execute(pool).await?;
     Ok(())
