@@ -628,10 +628,15 @@ async fn reconcile(outbox: &Outbox, pool: &PgPool, args: ReconcileArgs) -> Resul
         for event_type in &result.not_consumed {
             println!("{event_type}: none of its events is in the inbox; taken as not consumed (require it with --event-type)");
         }
-        if inbox.is_some() && !result.one_snapshot {
+        if result.rows.iter().any(|r| r.not_applied.unwrap_or(0) > 0) {
+            let moment = if result.one_snapshot {
+                "read at one moment"
+            } else {
+                "the inbox (another database) read just after the outbox"
+            };
             println!(
-                "the inbox is in another database: it was read just after the outbox, so events published in \
-                 the last moments may show as not applied (set --until a little in the past)"
+                "{moment}: events published a moment before show as not applied until the consumer applies them; \
+                 set --until a little in the past to leave them out"
             );
         }
         if result.differences == 0 {

@@ -14,6 +14,7 @@ pub(crate) fn is_secret(name: &str) -> bool {
     let name = canonical(name).to_ascii_lowercase();
     name.contains("password")
         || name.contains("secret")
+        || name.contains("passphrase")
         || (name.contains("token") && !name.ends_with("url"))
         || name.ends_with(".pem")
         || name.contains("sasl.oauthbearer.config")
@@ -27,63 +28,70 @@ pub(crate) fn redacted(settings: &BTreeMap<String, String>) -> BTreeMap<&str, Co
         .collect()
 }
 
-/// `text` with the password of every URL in it replaced: the password of `user:password@`
-/// and the value of every query parameter that names a secret (`?password=`,
-/// `sslpassword=`, `access_token=`, ...). Text without `://` is returned as it is.
+/// `text` with every password in it replaced: the password of a URL's `user:password@`
+/// (whatever characters it holds: the userinfo runs to the last `@` before the next
+/// whitespace, quote or URL), and the value of every `name=value` whose name holds a secret,
+/// in a URL's query (`?password=`, `sslpassword=`, `client_secret=`), in a keyword/value
+/// connection string (`host=db password=...`, quoted or not) or in a message.
 pub(crate) fn redact_urls(text: &str) -> Cow<'_, str> {
-    if !text.contains("://") {
+    if !text.contains("://") && !text.contains('=') {
         return Cow::Borrowed(text);
     }
-    // URLs end at whitespace or at a comma between brokers; redact each word.
-    let mut out = String::with_capacity(text.len());
-    let mut word = String::new();
-    for c in text.chars() {
-        if c.is_whitespace() || c == ',' || c == '"' || c == '\'' {
-            out.push_str(&redact_url(&word));
-            word.clear();
-            out.push(c);
-        } else {
-            word.push(c);
-        }
-    }
-    out.push_str(&redact_url(&word));
-    Cow::Owned(out)
+    let text = redact_userinfo(text);
+    Cow::Owned(redact_secret_values(&text))
 }
 
-fn redact_url(word: &str) -> String {
-    let Some(scheme_end) = word.find("://") else {
-        return word.to_owned();
-    };
-    let (scheme, rest) = word.split_at(scheme_end + 3);
-    // The authority ends at the first '/', '?' or '#'; its userinfo at its last '@'.
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rfind('@') {
-        Some(at) => {
-            let (userinfo, host) = authority.split_at(at);
-            match userinfo.split_once(':') {
-                Some((user, _password)) => format!("{user}:{REDACTED}{host}"),
-                None => authority.to_owned(),
+fn is_word_end(c: char) -> bool {
+    c.is_whitespace() || c == '"' || c == '\''
+}
+
+fn redact_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at_scheme) = rest.find("://") {
+        out.push_str(&rest[..at_scheme + 3]);
+        rest = &rest[at_scheme + 3..];
+        let end = rest.find(is_word_end).unwrap_or(rest.len());
+        let end = rest[..end].find("://").unwrap_or(end);
+        let segment = &rest[..end];
+        match segment.rfind('@').and_then(|at| segment[..at].find(':').map(|colon| (colon, at))) {
+            Some((colon, at)) => {
+                out.push_str(&segment[..=colon]);
+                out.push_str(REDACTED);
+                out.push_str(&segment[at..]);
             }
+            None => out.push_str(segment),
         }
-        None => authority.to_owned(),
-    };
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let (query, fragment) = query.split_once('#').map_or((query, None), |(q, f)| (q, Some(f)));
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((name, _)) if is_secret(name) => format!("{name}={REDACTED}"),
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            let fragment = fragment.map(|f| format!("#{f}")).unwrap_or_default();
-            format!("{path}?{}{fragment}", query.join("&"))
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn redact_secret_values(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(eq) = rest.find('=') {
+        let before = &rest[..eq];
+        let name_start = before
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')))
+            .map_or(0, |i| i + before[i..].chars().next().map_or(1, char::len_utf8));
+        out.push_str(&rest[..=eq]);
+        rest = &rest[eq + 1..];
+        if name_start == eq || !is_secret(&before[name_start..]) {
+            continue;
         }
-        None => tail.to_owned(),
-    };
-    format!("{scheme}{authority}{tail}")
+        let value_end = match rest.chars().next() {
+            Some(quote @ ('\'' | '"')) => rest[1..].find(quote).map_or(rest.len(), |i| i + 2),
+            _ => rest
+                .find(|c: char| c.is_whitespace() || matches!(c, '&' | '#' | '"' | '\''))
+                .unwrap_or(rest.len()),
+        };
+        out.push_str(REDACTED);
+        rest = &rest[value_end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 #[cfg(test)]
@@ -101,6 +109,7 @@ mod tests {
                 && is_secret("password")
                 && is_secret("sslpassword")
                 && is_secret("access_token")
+                && is_secret("sasl.oauthbearer.assertion.private.key.passphrase")
         );
         assert!(!is_secret("linger.ms") && !is_secret("sslmode") && !is_secret("user"));
     }
@@ -128,7 +137,23 @@ mod tests {
                 "https://idp/token?client_secret=abc&scope=x",
                 "https://idp/token?client_secret=(redacted)&scope=x",
             ),
-            ("no url here: password=hunter2", "no url here: password=hunter2"),
+            // Passwords holding '/', '?', '#', '@', ',' or ':' (base64 ones hold '/').
+            ("postgres://app:pa/ss@db/x", "postgres://app:(redacted)@db/x"),
+            ("postgres://app:a?b#c@db/x", "postgres://app:(redacted)@db/x"),
+            ("postgres://app:p@ss@db/x", "postgres://app:(redacted)@db/x"),
+            ("postgres://u:pa,ss@h/x", "postgres://u:(redacted)@h/x"),
+            ("postgres://u:a:b@h/x", "postgres://u:(redacted)@h/x"),
+            (
+                "sasl_ssl://u:p1@h1:9093,sasl_ssl://v:p2@h2:9093",
+                "sasl_ssl://u:(redacted)@h1:9093,sasl_ssl://v:(redacted)@h2:9093",
+            ),
+            ("\"postgres://u:pw@db/x\"", "\"postgres://u:(redacted)@db/x\""),
+            // Keyword/value connection strings and settings in messages.
+            ("host=db user=app password=s3cret dbname=x", "host=db user=app password=(redacted) dbname=x"),
+            ("host=db password='s3 cret' dbname=x", "host=db password=(redacted) dbname=x"),
+            ("sasl.password=hunter2 is wrong", "sasl.password=(redacted) is wrong"),
+            ("a = b, linger.ms=5, x==y", "a = b, linger.ms=5, x==y"),
+            ("no secret here", "no secret here"),
             ("", ""),
         ];
         for (text, expected) in cases {

@@ -185,29 +185,11 @@ impl Outbox {
         #[allow(clippy::cast_precision_loss)]
         let (appended_per_second, published_per_second) =
             (appended_n as f64 / window_seconds, published_n as f64 / window_seconds);
-        let capacity = match self.config().capacity {
-            None => None,
-            Some(capacity) => {
-                let mut conn = pool.acquire().await?;
-                let used = self.fill(&mut conn).await?.unwrap_or(0);
-                let rows_per_second = appended_per_second - published_per_second;
-                #[allow(clippy::cast_precision_loss)]
-                let growth_per_second = match capacity {
-                    crate::Capacity::Rows(_) => rows_per_second,
-                    crate::Capacity::Bytes(_) => rows_per_second * (bytes as f64 / live.max(1) as f64),
-                };
-                #[allow(clippy::cast_precision_loss)]
-                Some(CapacityStatus {
-                    unit: capacity.unit(),
-                    limit: capacity.limit(),
-                    used,
-                    used_ratio: used as f64 / capacity.limit() as f64,
-                    refuse_non_critical_at: self.config().refuse_non_critical_at,
-                    growth_per_second,
-                    seconds_to_full: seconds_to_full(used, capacity.limit(), growth_per_second),
-                })
-            }
+        let used = match self.config().capacity {
+            Some(crate::Capacity::Bytes(_)) => bytes,
+            _ => pending + failed,
         };
+        let capacity = self.capacity_status(used, bytes, live, appended_per_second - published_per_second);
         Ok(Status {
             pending,
             failed,
@@ -221,6 +203,34 @@ impl Outbox {
             table_bytes: bytes,
             dead_tuples: dead,
             capacity,
+        })
+    }
+
+    /// The fill level and forecast for `used` (unpublished rows, or the table's bytes) at a
+    /// net growth of `rows_per_second`, when a capacity is configured.
+    pub(crate) fn capacity_status(
+        &self,
+        used: i64,
+        table_bytes: i64,
+        live_rows: i64,
+        rows_per_second: f64,
+    ) -> Option<CapacityStatus> {
+        let capacity = self.config().capacity?;
+        let used = u64::try_from(used).unwrap_or(0);
+        #[allow(clippy::cast_precision_loss)]
+        let growth_per_second = match capacity {
+            crate::Capacity::Rows(_) => rows_per_second,
+            crate::Capacity::Bytes(_) => rows_per_second * (table_bytes as f64 / live_rows.max(1) as f64),
+        };
+        #[allow(clippy::cast_precision_loss)]
+        Some(CapacityStatus {
+            unit: capacity.unit(),
+            limit: capacity.limit(),
+            used,
+            used_ratio: used as f64 / capacity.limit() as f64,
+            refuse_non_critical_at: self.config().refuse_non_critical_at,
+            growth_per_second,
+            seconds_to_full: seconds_to_full(used, capacity.limit(), growth_per_second),
         })
     }
 

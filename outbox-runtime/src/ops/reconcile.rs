@@ -6,6 +6,10 @@
 //! a cleanup deleting meanwhile cannot make the counts disagree with each other. When the
 //! inbox is in the same database, its transaction imports the outbox's snapshot, so both
 //! are read at one moment.
+//!
+//! Costs: the outbox's transaction stays open while the inbox is checked (it holds back
+//! vacuum on the outbox for that long), and a reconciliation with the inbox in the same
+//! database holds two of its pool's connections at once.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::SystemTime;
@@ -103,9 +107,9 @@ pub struct Reconciliation {
     /// Rows with a difference: unpublished events, or published events not applied.
     pub differences: usize,
     /// Whether the inbox was read in the outbox's own snapshot (same database): then both
-    /// are counted at one moment. Otherwise the inbox is read just after the outbox, and
-    /// an event published right before may show as not applied if the consumer had not
-    /// applied it yet; give `until` a little in the past to leave that out.
+    /// are counted at one moment. Otherwise the inbox is read just after the outbox. Either
+    /// way, an event published a moment before shows as not applied while the consumer has
+    /// not applied it yet (its lag): give `until` a little in the past to leave those out.
     pub one_snapshot: bool,
 }
 
@@ -164,7 +168,20 @@ impl Outbox {
                AND hour < to_timestamp($2) AT TIME ZONE 'UTC' GROUP BY 1, 2"
         );
         let mut rows: BTreeMap<(String, String), ReconciliationRow> = BTreeMap::new();
+        // The outbox's snapshot, exported for the inbox's transaction as its first statement
+        // (a later export could not tell a failure from the counts' own errors). Where it
+        // cannot be exported (a subtransaction, some proxies), a snapshot without.
         let mut tx = snapshot(pool).await?;
+        let mut exported = None;
+        if inbox.is_some() {
+            match sqlx::query_scalar::<_, String>("SELECT pg_export_snapshot()").fetch_one(&mut *tx).await {
+                Ok(id) => exported = Some(id),
+                Err(_) => {
+                    tx.rollback().await?;
+                    tx = snapshot(pool).await?;
+                }
+            }
+        }
         let present: Vec<(String, String, i64, i64, i64, i64)> =
             sqlx::query_as(AssertSqlSafe(present)).bind(since).bind(until).fetch_all(&mut *tx).await?;
         for (event_type, hour, appended, published, unpublished, discarded) in present {
@@ -195,10 +212,6 @@ impl Outbox {
         let mut not_consumed = Vec::new();
         let mut one_snapshot = false;
         if let Some(inbox) = inbox {
-            // Not available everywhere (a standby before PostgreSQL 10, say): then the
-            // inbox gets a snapshot of its own.
-            let exported: Option<String> =
-                sqlx::query_scalar("SELECT pg_export_snapshot()").fetch_one(&mut *tx).await.ok();
             let (mut inbox_tx, same) = inbox_snapshot(&inbox.pool, exported.as_deref()).await?;
             one_snapshot = same;
             let missing = self.not_in_inbox(&mut tx, &mut inbox_tx, since, until, inbox, &mut rows).await?;

@@ -51,7 +51,7 @@ use self::topics::{Topics, Verdict, MISSING_CODE};
 use crate::error::{Error, Result};
 use crate::kafka_settings::canonical;
 use crate::outbox::Outbox;
-use crate::secrets::{is_secret, redact_urls, redacted, REDACTED};
+use crate::secrets::{redact_urls, redacted};
 
 pub(crate) use self::backoff::delay as backoff_delay;
 pub use crate::cleanup::Cleanup;
@@ -169,10 +169,11 @@ impl RelayConfig {
 
     /// How long an event waits for its topic when the cluster says the topic does not
     /// exist. Until then it is not sent (a send could only time out); it stays pending with
-    /// a `last_error` naming the topic and is retried with backoff. After this long the
-    /// event is marked `failed` with that reason, holding back only its aggregate's later
-    /// events; `outbox retry` puts it back once the topic exists. The time counts from
-    /// when this relay first found the topic missing. Default: 5 min.
+    /// a `last_error` naming the topic and is asked about again within 30 s; being held
+    /// back is not an attempt. Once the cluster has said "missing" for this long (from the
+    /// first such answer this relay got to one this long after it), the event is marked
+    /// `failed` with that reason, holding back only its aggregate's later events; `outbox
+    /// retry` puts it back once the topic exists. Default: 5 min.
     #[must_use]
     pub fn missing_topic_timeout(mut self, timeout: Duration) -> Self {
         self.missing_topic_timeout = timeout;
@@ -237,7 +238,8 @@ impl RelayConfig {
                 }
                 _ => continue,
             };
-            let shown = if is_secret(key) { REDACTED.into() } else { redact_urls(value) };
+            // No refused setting holds a secret, but its value may be a URL with one.
+            let shown = redact_urls(value);
             return Err(Error::Config(format!("producer_setting {key} = {shown:?} is refused: {refused}")));
         }
         if self.lease_ttl <= self.message_timeout * 2 {
@@ -385,7 +387,7 @@ impl Relay {
             tracker.spawn(cleanup.run(self.pool.clone(), self.outbox.clone(), shutdown.clone()));
         }
         tracker.close();
-        info!(relay_id = %self.id(), brokers = %self.config.brokers, "relay started");
+        info!(relay_id = %self.id(), brokers = %redact_urls(&self.config.brokers), "relay started");
 
         let renew_every = self.config.lease_ttl / 3;
         // A batch may start only while its leases have this much time left.
@@ -397,6 +399,8 @@ impl Relay {
                 next_maintain = Instant::now() + renew_every;
                 // Marks are written under the leases they were fenced with: finish them first.
                 self.finish_marking().await;
+                metrics::gauge!(crate::metrics::MISSING_TOPICS).set(self.topics.missing() as f64);
+                crate::metrics::record_pool(&self.pool);
                 if let Err(error) = self.outbox.record_gauges(&self.pool).await {
                     debug!(stage = "metrics", %error, "could not read the outbox status");
                 }
@@ -532,18 +536,25 @@ impl Relay {
                         metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "exhausted", "code" => "max_attempts").increment(1);
                         marks.failed.push((row.id, format!("gave up after {attempt} attempts: {reason}")));
                     }
+                    Sent::Held { reason, retry_in } => {
+                        // Not sent, so not an attempt: attempts stay, max_attempts does not
+                        // count it, and the batch-wide backoff for a failing broker neither.
+                        metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "held", "code" => MISSING_CODE).increment(1);
+                        debug!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
+                               attempt = row.attempts, stage = "publish", %reason, retry_in = ?retry_in, "held back: topic missing");
+                        marks.retry.push((row.id, retry_in, reason, false));
+                    }
                     Sent::Transient { reason, code } => {
-                        if code != MISSING_CODE {
-                            // Sent and failed (not held back for a missing topic): the broker
-                            // may be down, and the topic may have gone.
-                            outcome.transient += 1;
+                        outcome.transient += 1;
+                        if matches!(code.as_str(), "UnknownTopic" | "UnknownTopicOrPartition" | "UnknownPartition") {
+                            // The topic may have been deleted: ask the cluster before the next batch.
                             self.topics.suspect(&row.topic);
                         }
                         metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "transient", "code" => code).increment(1);
                         let delay = backoff::delay(self.config.backoff_base, self.config.backoff_max, attempt.unsigned_abs());
                         // The error alone ("Message timed out") does not say where: name the topic.
-                        let reason =
-                            if reason.contains(&row.topic) { reason } else { format!("{reason} (topic {})", row.topic) };
+                        let named = format!("topic {}", row.topic);
+                        let reason = if reason.contains(&named) { reason } else { format!("{reason} ({named})") };
                         if self.transient_warned.is_none_or(|t| t.elapsed() >= TRANSIENT_WARN_EVERY) {
                             self.transient_warned = Some(Instant::now());
                             warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
@@ -555,7 +566,7 @@ impl Relay {
                             debug!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
                                    attempt, stage = "publish", %reason, retry_in = ?delay, "transient publish failure");
                         }
-                        marks.retry.push((row.id, delay, reason));
+                        marks.retry.push((row.id, delay, reason, true));
                     }
                     Sent::Permanent { reason, code } => {
                         metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "permanent", "code" => code).increment(1);
@@ -612,7 +623,7 @@ impl Relay {
             }
             let sent = match self.topics.verdict(&row.topic) {
                 Verdict::Send => publish::send(&self.producer, row, &self.config.source).await,
-                Verdict::Wait(reason) => Sent::Transient { reason, code: MISSING_CODE.to_owned() },
+                Verdict::Wait { reason, retry_in } => Sent::Held { reason, retry_in },
                 Verdict::Fail(reason) => Sent::Permanent { reason, code: MISSING_CODE.to_owned() },
             };
             let acked = matches!(sent, Sent::Acked(_));

@@ -86,6 +86,8 @@ pub(crate) enum Sent {
     Transient { reason: String, code: String },
     /// Will fail again until something changes: quarantine the event.
     Permanent { reason: String, code: String },
+    /// Not sent: its topic does not exist. Ask again after `retry_in`; not an attempt.
+    Held { reason: String, retry_in: std::time::Duration },
 }
 
 /// Errors that repeat however often the same record is sent.

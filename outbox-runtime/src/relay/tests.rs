@@ -60,7 +60,7 @@ async fn a_relay_whose_lease_expired_cannot_mark_rows_taken_over(pool: PgPool) {
 
     let marks = || Marks {
         published: vec![(rows[0].id, Placement { partition: 0, offset: 7 })],
-        retry: vec![(rows[1].id, Duration::from_secs(1), "transient".into())],
+        retry: vec![(rows[1].id, Duration::from_secs(1), "transient".into(), true)],
         failed: Vec::new(),
     };
     let refused = sql.mark(&pool, &marks(), &fence_of(&a)).await.expect("mark");
@@ -142,6 +142,98 @@ async fn the_claims_order_check_probes_the_blocked_index_not_every_open_row(pool
     );
 }
 
+/// Rows of `relation` each scan node of `plan` (EXPLAIN ANALYZE, FORMAT JSON) read, in
+/// all loops, with the node's type and index.
+fn rows_read(plan: &serde_json::Value, relation: &str) -> Vec<(String, String, u64)> {
+    fn walk(node: &serde_json::Value, relation: &str, found: &mut Vec<(String, String, u64)>) {
+        // Scan nodes only: the UPDATE node above them names the table too.
+        if node["Relation Name"] == relation && node["Node Type"] != "ModifyTable" {
+            let rows = node["Actual Rows"].as_f64().unwrap_or(0.0)
+                + node["Rows Removed by Filter"].as_f64().unwrap_or(0.0);
+            let loops = node["Actual Loops"].as_f64().unwrap_or(1.0);
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            found.push((
+                node["Node Type"].as_str().unwrap_or("").to_owned(),
+                node["Index Name"].as_str().unwrap_or("").to_owned(),
+                (rows * loops) as u64,
+            ));
+        }
+        for child in node["Plans"].as_array().into_iter().flatten() {
+            walk(child, relation, found);
+        }
+    }
+    let mut found = Vec::new();
+    walk(&plan[0]["Plan"], relation, &mut found);
+    found
+}
+
+/// Issue 13: with 100,000 pending rows in a table never analysed (a sudden backlog while
+/// autovacuum is behind), the claim sorted every pending row and each mark hashed every
+/// pending row with a fence subquery per row (600 ms and 750 ms a batch in psql, seconds
+/// under load). Both must read O(batch) rows of the outbox, through their indexes, on
+/// an un-analysed table and on an analysed one.
+#[sqlx::test(migrations = false)]
+async fn claim_and_marks_read_o_batch_rows_whatever_the_statistics(pool: PgPool) {
+    const PENDING: i64 = 100_000;
+    const BATCH: usize = 2_000;
+    let outbox = Outbox::default_ref();
+    outbox.migrator().run(&pool).await.expect("migrate");
+    sqlx::query(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, \
+                             topic, payload) \
+         SELECT gen_random_uuid(), 'test', 'a' || (g % 10000), g / 10000 + 1, 'test.ping', 1, 'test', \
+                json_build_object('pad', repeat('x', 500)) \
+         FROM generate_series(1, $1) AS g",
+    )
+    .bind(PENDING)
+    .execute(&pool)
+    .await
+    .expect("backlog");
+    let sql = Statements::new(outbox.names());
+    let mut leases = Leases::new(outbox.names(), Uuid::new_v4(), TTL);
+    leases.maintain(&pool).await.expect("maintain");
+    let partitions = leases.partitions(Duration::ZERO);
+    let fence = fence_of(&leases);
+    for analysed in [false, true] {
+        if analysed {
+            sqlx::query("ANALYZE outbox").execute(&pool).await.expect("analyze");
+        }
+        let plan = sql.explain_claim(&pool, &partitions, BATCH as i64).await.expect("explain claim");
+        let read = rows_read(&plan, "outbox");
+        let total: u64 = read.iter().map(|(_, _, n)| n).sum();
+        assert!(
+            read.iter().all(|(node, _, _)| node.starts_with("Index")) && total <= 3 * BATCH as u64,
+            "analysed {analysed}: the claim reads {total} rows of outbox: {read:?}"
+        );
+        let rows = sql.claim(&pool, &partitions, BATCH as i64, &[]).await.expect("claim");
+        assert_eq!(rows.len(), BATCH);
+        let marks = Marks {
+            published: rows[..BATCH - 200]
+                .iter()
+                .map(|r| (r.id, Placement { partition: 0, offset: r.id }))
+                .collect(),
+            retry: rows[BATCH - 200..BATCH - 100]
+                .iter()
+                .map(|r| (r.id, Duration::from_secs(60), "broker down".to_owned(), true))
+                .collect(),
+            failed: rows[BATCH - 100..].iter().map(|r| (r.id, "too large".to_owned())).collect(),
+        };
+        let plans = sql.explain_mark(&pool, &marks, &fence).await.expect("explain marks");
+        assert_eq!(plans.len(), 3, "published, retry and failed marks");
+        for (plan, asked) in plans.iter().zip([BATCH - 200, 100, 100]) {
+            let read = rows_read(plan, "outbox");
+            let total: u64 = read.iter().map(|(_, _, n)| n).sum();
+            assert!(
+                read.iter().all(|(node, _, _)| node.starts_with("Index")) && total <= 2 * asked as u64,
+                "analysed {analysed}: a mark of {asked} rows reads {total} rows of outbox: {read:?}"
+            );
+        }
+        // The marks themselves still do what they did.
+        let marked = sql.mark(&pool, &marks, &fence).await.expect("mark");
+        assert_eq!(marked, Marked { published: 1800, retry: 100, failed: 100 });
+    }
+}
+
 /// Settings that would let a send outlive its lease or weaken acks, idempotence or order,
 /// set directly, through librdkafka's aliases or with its `topic.` prefix. Before the fix
 /// each of these was accepted (invariant 12).
@@ -184,10 +276,6 @@ fn settings_that_break_a_guarantee_are_refused_whatever_name_sets_them() {
     let secret =
         base().producer_setting("sasl.password", "hunter2").producer_setting("transactional.id", "x");
     assert!(!format!("{secret:?}").contains("hunter2"), "Debug redacts secrets");
-    match secret.validate() {
-        Err(crate::Error::Config(message)) => assert!(!message.contains("hunter2"), "{message}"),
-        other => panic!("expected Error::Config, got {other:?}"),
-    }
 }
 
 /// Secrets never reach `Debug`: secret settings, and passwords in URL-valued settings and

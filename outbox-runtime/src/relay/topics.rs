@@ -7,8 +7,14 @@
 //! once the topic exists).
 //!
 //! Only a definite answer counts: a topic is missing when a broker answers
-//! `UNKNOWN_TOPIC_OR_PART` for it. When the metadata cannot be read (broker down, timeout),
-//! the rows are sent as usual and the send's own error decides.
+//! `UNKNOWN_TOPIC_OR_PART` for it, and an event is failed only on such an answer received
+//! `missing_topic_timeout` or more after the first. When the metadata cannot be read
+//! (broker down, timeout), a topic never seen missing is sent to as usual and the send's own
+//! error decides; one seen missing keeps waiting until an answer comes.
+//!
+//! Held rows are not attempts: their retry marks leave `attempts` alone, so `max_attempts`
+//! never counts them, and they are asked about again within [`HELD_RETRY_MAX`], so an event
+//! goes out soon after its topic is created.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -27,10 +33,35 @@ const RECHECK_MISSING: Duration = Duration::from_secs(1);
 /// The longest one metadata request may take.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The longest a held row waits before its topic is asked about again.
+pub(crate) const HELD_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// A topic that no batch has asked about for this long is forgotten (its events are gone,
+/// failed or with another relay), so that the gauge does not count it for ever.
+const FORGET_AFTER: Duration = Duration::from_secs(600);
+
+/// The `outbox_missing_topics` gauge counts topics confirmed missing this recently.
+const MISSING_RECENTLY: Duration = Duration::from_secs(120);
+
 #[derive(Debug, Clone, Copy)]
 enum State {
-    Exists { checked: Instant },
-    Missing { since: Instant, checked: Instant },
+    Exists {
+        checked: Instant,
+    },
+    /// First found missing at `since`, last confirmed missing at `checked`, `answers` times.
+    Missing {
+        since: Instant,
+        checked: Instant,
+        answers: u32,
+    },
+}
+
+impl State {
+    fn checked(self) -> Instant {
+        match self {
+            State::Exists { checked } | State::Missing { checked, .. } => checked,
+        }
+    }
 }
 
 /// What to do with a row, given its topic.
@@ -38,14 +69,15 @@ enum State {
 pub(crate) enum Verdict {
     /// Send it.
     Send,
-    /// Do not send it; retry later with this reason.
-    Wait(String),
+    /// Do not send it; ask again after the delay, with this reason as its last error.
+    Wait { reason: String, retry_in: Duration },
     /// Do not send it; mark it failed with this reason.
     Fail(String),
 }
 
-/// The label of missing-topic outcomes in `outbox_publish_errors_total`.
-pub(crate) const MISSING_CODE: &str = "UnknownTopic";
+/// The `code` label of missing-topic outcomes in `outbox_publish_errors_total`; snake case,
+/// so that no Kafka error code's name (`UnknownTopic`, ...) can be mistaken for it.
+pub(crate) const MISSING_CODE: &str = "topic_missing";
 
 #[derive(Debug)]
 pub(crate) struct Topics {
@@ -61,10 +93,10 @@ impl Topics {
     fn needs_check(&self, topic: &str) -> bool {
         match self.state.get(topic) {
             None => true,
-            // Never fail an event on an old answer: the topic may have been created since
-            // (and an operator's `retry` says it was).
-            Some(State::Missing { since, checked }) => {
-                checked.elapsed() >= RECHECK_MISSING || since.elapsed() >= self.missing_timeout
+            // Asked again every second while missing, and before any event is failed: an
+            // event is failed only on an answer of this batch that came after the timeout.
+            Some(State::Missing { since, checked, .. }) => {
+                checked.elapsed() >= RECHECK_MISSING || checked.duration_since(*since) >= self.missing_timeout
             }
             Some(State::Exists { checked }) => checked.elapsed() >= RECHECK_EXISTING,
         }
@@ -83,6 +115,7 @@ impl Topics {
             topics.into_iter().filter(|t| self.needs_check(t)).map(str::to_owned).collect();
         asked.sort_unstable();
         asked.dedup();
+        self.state.retain(|_, state| state.checked().elapsed() < FORGET_AFTER);
         if asked.is_empty() {
             return;
         }
@@ -116,11 +149,13 @@ impl Topics {
             let previous = self.state.get(&topic).copied();
             let now = Instant::now();
             let state = match (missing, previous) {
-                (true, Some(State::Missing { since, .. })) => State::Missing { since, checked: now },
+                (true, Some(State::Missing { since, answers, .. })) => {
+                    State::Missing { since, checked: now, answers: answers.saturating_add(1) }
+                }
                 (true, _) => {
                     warn!(topic, stage = "metadata", fails_after = ?self.missing_timeout,
                           "the topic does not exist in the Kafka cluster: its events wait for it, then are marked failed");
-                    State::Missing { since: now, checked: now }
+                    State::Missing { since: now, checked: now, answers: 1 }
                 }
                 (false, Some(State::Missing { since, .. })) => {
                     info!(topic, stage = "metadata", missing_for = ?since.elapsed(), "the topic exists now; its events are sent");
@@ -135,21 +170,33 @@ impl Topics {
     /// What to do with a row of `topic` now.
     pub(crate) fn verdict(&self, topic: &str) -> Verdict {
         match self.state.get(topic) {
-            Some(State::Missing { since, .. }) => {
-                let missing_for = since.elapsed();
-                if missing_for >= self.missing_timeout {
+            Some(&State::Missing { since, checked, answers }) => {
+                // Missing for as long as the answers show, not for as long as the clock says:
+                // without a newer answer the topic may exist by now.
+                let confirmed_for = checked.duration_since(since);
+                let fresh = checked.elapsed() < RECHECK_MISSING;
+                if confirmed_for >= self.missing_timeout && fresh {
                     Verdict::Fail(format!(
                         "topic {topic} does not exist in the Kafka cluster (missing for {:?}, missing_topic_timeout \
                          {:?}): create it, then `outbox retry`",
-                        round(missing_for),
+                        round(confirmed_for),
                         self.missing_timeout
                     ))
                 } else {
-                    Verdict::Wait(format!(
-                        "topic {topic} does not exist in the Kafka cluster; not sent, waiting for it (marked failed \
-                         after {:?} missing)",
-                        self.missing_timeout
-                    ))
+                    // Grows with the answers up to HELD_RETRY_MAX, and comes back by the
+                    // timeout, so that the event fails on time.
+                    let left = self.missing_timeout.saturating_sub(confirmed_for);
+                    let retry_in = Duration::from_millis(500u64 << answers.min(6))
+                        .min(HELD_RETRY_MAX)
+                        .min(left.max(RECHECK_MISSING));
+                    Verdict::Wait {
+                        reason: format!(
+                            "topic {topic} does not exist in the Kafka cluster; not sent, waiting for it (marked \
+                             failed after {:?} missing)",
+                            self.missing_timeout
+                        ),
+                        retry_in,
+                    }
                 }
             }
             _ => Verdict::Send,
@@ -164,9 +211,12 @@ impl Topics {
         }
     }
 
-    /// How many topics are known to be missing.
+    /// How many topics were confirmed missing in the last two minutes.
     pub(crate) fn missing(&self) -> usize {
-        self.state.values().filter(|s| matches!(s, State::Missing { .. })).count()
+        self.state
+            .values()
+            .filter(|s| matches!(s, State::Missing { checked, .. } if checked.elapsed() < MISSING_RECENTLY))
+            .count()
     }
 }
 
@@ -179,23 +229,43 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_missing_topic_waits_then_fails_and_an_existing_one_sends() {
+    fn a_missing_topic_waits_then_fails_on_fresh_answers_and_an_existing_one_sends() {
         let mut topics = Topics::new(Duration::from_secs(60));
         assert_eq!(topics.verdict("unknown-yet"), Verdict::Send, "no answer: send, the send decides");
-        topics.state.insert("orders".into(), State::Exists { checked: Instant::now() });
+        let now = Instant::now();
+        let ago = |s: u64| now.checked_sub(Duration::from_secs(s)).expect("clock");
+        topics.state.insert("orders".into(), State::Exists { checked: now });
+        topics.state.insert("missing".into(), State::Missing { since: now, checked: now, answers: 1 });
+        // First missing 70 s ago, confirmed missing again just now: 70 s of answers.
+        topics.state.insert("gone".into(), State::Missing { since: ago(70), checked: now, answers: 9 });
+        // The same, but the last answer is 5 s old (no answer since): not failed on it.
+        topics.state.insert("stale".into(), State::Missing { since: ago(70), checked: ago(5), answers: 9 });
+        // First missing 70 s ago, but the last answer came 40 s ago (the broker has been
+        // unreachable since): 30 s of answers, so it waits, and is asked about again.
         topics
             .state
-            .insert("missing".into(), State::Missing { since: Instant::now(), checked: Instant::now() });
-        let long_ago = Instant::now().checked_sub(Duration::from_secs(61)).expect("clock");
-        topics.state.insert("gone".into(), State::Missing { since: long_ago, checked: long_ago });
+            .insert("unconfirmed".into(), State::Missing { since: ago(70), checked: ago(40), answers: 3 });
         assert_eq!(topics.verdict("orders"), Verdict::Send);
-        assert!(matches!(topics.verdict("missing"), Verdict::Wait(r) if r.contains("topic missing ")));
+        assert!(matches!(topics.verdict("missing"), Verdict::Wait { reason, retry_in }
+            if reason.contains("topic missing ") && retry_in == Duration::from_secs(1)));
+        assert!(matches!(topics.verdict("gone"), Verdict::Fail(r)
+            if r.contains("topic gone ") && r.contains("outbox retry")));
         assert!(
-            matches!(topics.verdict("gone"), Verdict::Fail(r) if r.contains("topic gone ") && r.contains("outbox retry"))
+            matches!(topics.verdict("unconfirmed"), Verdict::Wait { retry_in, .. } if retry_in == Duration::from_secs(4)),
+            "never failed on an old answer: {:?}",
+            topics.verdict("unconfirmed")
         );
-        assert_eq!(topics.missing(), 2);
+        assert!(
+            matches!(topics.verdict("stale"), Verdict::Wait { retry_in, .. } if retry_in == Duration::from_secs(1)),
+            "never failed on an old answer: {:?}",
+            topics.verdict("stale")
+        );
+        assert_eq!(topics.missing(), 4);
         assert!(!topics.needs_check("orders") && !topics.needs_check("missing"), "asked a moment ago");
-        assert!(topics.needs_check("gone") && topics.needs_check("new"));
+        assert!(topics.needs_check("gone"), "asked again before anything is failed");
+        assert!(
+            topics.needs_check("stale") && topics.needs_check("unconfirmed") && topics.needs_check("new")
+        );
         topics.suspect("orders");
         assert!(topics.needs_check("orders"), "a failed send makes the next batch ask again");
     }
