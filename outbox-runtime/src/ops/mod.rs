@@ -119,6 +119,23 @@ pub struct RetryingEvent {
     pub last_error: Option<String>,
 }
 
+impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for RetryingEvent {
+    fn from_row(r: &sqlx::postgres::PgRow) -> sqlx::Result<Self> {
+        use sqlx::Row as _;
+        Ok(RetryingEvent {
+            event_id: r.try_get("event_id")?,
+            event_type: r.try_get("event_type")?,
+            aggregate_type: r.try_get("aggregate_type")?,
+            aggregate_id: r.try_get("aggregate_id")?,
+            topic: r.try_get("topic")?,
+            attempts: r.try_get("attempts")?,
+            next_attempt_at: r.try_get("next_attempt_at")?,
+            next_attempt_in_seconds: r.try_get("next_attempt_in_seconds")?,
+            last_error: r.try_get("last_error")?,
+        })
+    }
+}
+
 /// Events waiting for a retry: how many in all, and the oldest of them.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
@@ -274,39 +291,11 @@ impl Outbox {
                 .await?;
         let sql = format!(
             "SELECT event_id, event_type, aggregate_type, aggregate_id, topic, attempts, \
-                    to_char(next_attempt_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
-                    EXTRACT(EPOCH FROM next_attempt_at - now())::float8, last_error \
+                    to_char(next_attempt_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS next_attempt_at, \
+                    EXTRACT(EPOCH FROM next_attempt_at - now())::float8 AS next_attempt_in_seconds, last_error \
              FROM {t} WHERE {waiting} ORDER BY id LIMIT $1"
         );
-        type Row = (Uuid, String, String, String, String, i32, String, f64, Option<String>);
-        let rows: Vec<Row> =
-            sqlx::query_as(AssertSqlSafe(sql)).bind(i64::from(limit)).fetch_all(pool).await?;
-        let events = rows
-            .into_iter()
-            .map(
-                |(
-                    event_id,
-                    event_type,
-                    aggregate_type,
-                    aggregate_id,
-                    topic,
-                    attempts,
-                    next_attempt_at,
-                    next_attempt_in_seconds,
-                    last_error,
-                )| RetryingEvent {
-                    event_id,
-                    event_type,
-                    aggregate_type,
-                    aggregate_id,
-                    topic,
-                    attempts,
-                    next_attempt_at,
-                    next_attempt_in_seconds,
-                    last_error,
-                },
-            )
-            .collect();
+        let events = sqlx::query_as(AssertSqlSafe(sql)).bind(i64::from(limit)).fetch_all(pool).await?;
         Ok(Retrying { total, events })
     }
 
