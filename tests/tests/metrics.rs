@@ -89,6 +89,21 @@ async fn gauges_match_a_known_state_and_the_relay_counts_what_it_publishes(pool:
     assert!((metrics["outbox_appended_per_second"][0] * 300.0 - 3.0).abs() < 1e-9);
     assert!(metrics["outbox_table_bytes"][0] > 8192.0, "{:?}", metrics["outbox_table_bytes"]);
     assert_eq!(metrics["outbox_dead_tuples"].len(), 1);
+    // This test database's outbox was never vacuumed nor analysed (autovacuum may be off):
+    // the lag reads +Inf, so that an alert on it fires; after ANALYZE it is a few seconds.
+    let gauges = outbox.record_gauges(&pool).await.expect("gauges");
+    if gauges.seconds_since_analyze.is_none() {
+        assert_eq!(snapshot()["outbox_seconds_since_analyze"], [f64::INFINITY]);
+    }
+    sqlx::query("VACUUM ANALYZE outbox").execute(&pool).await.expect("vacuum analyze");
+    let gauges = outbox.record_gauges(&pool).await.expect("gauges");
+    let metrics = snapshot();
+    for name in ["outbox_seconds_since_analyze", "outbox_seconds_since_vacuum"] {
+        let lag = metrics[name][0];
+        assert!((0.0..60.0).contains(&lag), "{name} {lag} right after VACUUM ANALYZE");
+    }
+    assert_eq!(metrics["outbox_modified_since_analyze"], [gauges.modified_since_analyze as f64]);
+    assert_eq!((gauges.pending, gauges.retrying, gauges.failed), (3, 0, 0));
 
     let kafka = Kafka::start();
     kafka.create_topic("outbox-test-steps", 1).await;
@@ -116,6 +131,11 @@ async fn gauges_match_a_known_state_and_the_relay_counts_what_it_publishes(pool:
     assert!(!metrics["outbox_relay_batch_seconds"].is_empty());
     assert_eq!(metrics["outbox_publish_attempts"], [1.0; 7], "each went out at its first attempt");
     assert_eq!(metrics["outbox_republished_total"], [0.0], "nothing was sent twice");
+    // The relay set its pool's gauges at its first lease renewal.
+    assert_eq!(metrics["outbox_relay_db_connections_max"], [f64::from(pool.options().get_max_connections())]);
+    let in_use = metrics["outbox_relay_db_connections_in_use"][0];
+    assert!(in_use >= 1.0 && in_use <= f64::from(pool.options().get_max_connections()), "{in_use}");
+    assert_eq!(metrics["outbox_missing_topics"], [0.0], "the topic exists");
 
     // A consumer reads the 7 events: its lag per partition reaches 0 once it has committed.
     let inbox = outbox_runtime::inbox::Inbox::new(
