@@ -2,9 +2,11 @@
 //!
 //! Each relay leases work partitions (aggregates hash into them), reads due rows of its
 //! partitions in a short query, publishes them outside any transaction, then marks them,
-//! fenced by its lease tokens. Events of one aggregate are sent one after the other, each
-//! only after the broker acknowledged the one before, so no event is acknowledged before
-//! an earlier event of its aggregate. Transient errors back off exponentially with jitter;
+//! fenced by its lease tokens. An aggregate's events to one topic are handed to the
+//! idempotent, gapless producer together and judged in order: the broker persists a
+//! partition's records in sequence, and an error that would skip one fails every later one,
+//! so no event is acknowledged before an earlier event of its aggregate (an event to another
+//! topic waits for the acknowledgements before it). Transient errors back off exponentially with jitter;
 //! permanent ones mark the event `failed`, which holds back that aggregate's later events
 //! and nothing else. Many relays may run against one database: they share the partitions
 //! and take over those of a relay that died when its leases expire.
@@ -30,12 +32,12 @@ mod publish;
 mod topics;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use rdkafka::producer::FutureProducer;
+use rdkafka::producer::{DeliveryFuture, FutureProducer};
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use tokio::sync::Notify;
@@ -44,7 +46,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, info, info_span, warn, Instrument};
 use uuid::Uuid;
 
-use self::claim::{Fence, Marks, Row, Statements};
+use self::claim::{Fence, Marks, Placement, Row, Statements};
 use self::lease::Leases;
 use self::publish::Sent;
 use self::topics::{Topics, Verdict, MISSING_CODE};
@@ -136,8 +138,10 @@ impl RelayConfig {
         self
     }
 
-    /// Kafka's `message.timeout.ms`: how long the producer tries to deliver one record
-    /// before reporting a (transient) failure. Default: 10 s.
+    /// How long a batch's records may take to be acknowledged. Past it, the relay purges
+    /// what the producer still holds (a transient failure, retried with backoff);
+    /// librdkafka's own `message.timeout.ms` is set to twice this, as a backstop that never
+    /// fires first. Default: 10 s.
     #[must_use]
     pub fn message_timeout(mut self, timeout: Duration) -> Self {
         self.message_timeout = timeout;
@@ -224,17 +228,19 @@ impl RelayConfig {
         }
         for (key, value) in &self.producer {
             let refused = match canonical(key) {
-                "request.required.acks" | "enable.idempotence" => {
-                    "the relay's guarantees need acks=all and enable.idempotence=true"
+                "request.required.acks" | "enable.idempotence" | "enable.gapless.guarantee" => {
+                    "the relay's guarantees need acks=all, enable.idempotence=true and enable.gapless.guarantee=true"
                 }
                 "transactional.id" => "the relay publishes with the idempotent producer, not with transactions",
                 "message.timeout.ms" => {
                     "set it with RelayConfig::message_timeout, which is checked against the lease: a send must end \
                      within its lease"
                 }
-                "max.in.flight" if !matches!(value.trim().parse::<u32>(), Ok(1..=5)) => {
-                    "it must be 1 to 5: the idempotent producer keeps per-partition order with at most 5 requests \
-                     in flight"
+                "max.in.flight" if value.trim() != "1" => {
+                    "the relay sends an aggregate's events without waiting for each acknowledgement, so it keeps one \
+                     produce request in flight per broker: with more, a retried request could be written after a later \
+                     one by a broker that does not check the idempotent producer's sequence numbers (librdkafka's mock \
+                     cluster does not)"
                 }
                 _ => continue,
             };
@@ -272,6 +278,7 @@ pub struct RelayStats {
     failed: AtomicU64,
     fenced: AtomicU64,
     batches: AtomicU64,
+    order_gaps: AtomicU64,
 }
 
 impl RelayStats {
@@ -294,6 +301,12 @@ impl RelayStats {
     /// Batches processed.
     pub fn batches(&self) -> u64 {
         self.batches.load(Ordering::Relaxed)
+    }
+    /// Events the broker acknowledged after an earlier event of their aggregate failed, or
+    /// out of partition order (`outbox_relay_order_gaps_total`). Never expected: any is a
+    /// bug or a broker that does not keep the idempotent producer's sequence.
+    pub fn order_gaps(&self) -> u64 {
+        self.order_gaps.load(Ordering::Relaxed)
     }
 }
 
@@ -518,7 +531,10 @@ impl Relay {
                 .await;
             metrics::gauge!(crate::metrics::MISSING_TOPICS).set(self.topics.missing() as f64);
             let chains = chains(rows);
-            let results = join_all(chains.iter().map(|chain| self.publish_chain(chain, margin))).await;
+            let deadline = tokio::time::Instant::now() + self.config.message_timeout;
+            let purged = AtomicBool::new(false);
+            let results =
+                join_all(chains.iter().map(|chain| self.publish_chain(chain, margin, deadline, &purged))).await;
 
             let mut outcome = BatchOutcome::default();
             let mut marks = Marks::default();
@@ -613,26 +629,125 @@ impl Relay {
         .await
     }
 
-    /// Sends one aggregate's rows in order, each after the previous one was acknowledged;
-    /// stops at the first that is not.
-    async fn publish_chain<'r>(&self, chain: &'r [Row], margin: Duration) -> Vec<(&'r Row, Sent)> {
+    /// Sends one aggregate's rows in order and returns, in order, the outcome of each up to
+    /// and including the first that was not acknowledged.
+    ///
+    /// Consecutive rows to one topic go to one partition (the key is the aggregate id), so
+    /// they are handed to the producer together, without waiting for acknowledgements: the
+    /// idempotent producer keeps them in order across retries, and the gapless guarantee
+    /// turns a broker error that would persist a later one without an earlier one into a
+    /// fatal error that fails every later one. Rows to another topic wait until the run
+    /// before them is acknowledged. A later row acknowledged after an earlier one failed
+    /// would break that; it is counted (`outbox_relay_order_gaps_total`), logged, and left
+    /// pending so that it is sent again after the earlier one.
+    async fn publish_chain<'r>(
+        &self,
+        chain: &'r [Row],
+        margin: Duration,
+        deadline: tokio::time::Instant,
+        purged: &AtomicBool,
+    ) -> Vec<(&'r Row, Sent)> {
         let mut results = Vec::with_capacity(chain.len());
-        for row in chain {
-            if !self.leases.is_valid(row.work_partition, margin) {
+        let mut rest = chain;
+        while let Some(first) = rest.first() {
+            let run = rest.iter().take_while(|r| r.topic == first.topic).count();
+            let (segment, tail) = rest.split_at(run);
+            rest = tail;
+            let mut in_flight = Vec::with_capacity(segment.len());
+            let mut stop: Option<Option<(&'r Row, Sent)>> = None;
+            for row in segment {
+                if !self.leases.is_valid(row.work_partition, margin) {
+                    stop = Some(None);
+                    break;
+                }
+                let refused = match self.topics.verdict(&row.topic) {
+                    Verdict::Send => match publish::enqueue(&self.producer, row, &self.config.source) {
+                        Ok(delivery) => {
+                            in_flight.push((row, delivery));
+                            continue;
+                        }
+                        Err(sent) => sent,
+                    },
+                    Verdict::Wait { reason, retry_in } => Sent::Held { reason, retry_in },
+                    Verdict::Fail(reason) => Sent::Permanent { reason, code: MISSING_CODE.to_owned() },
+                };
+                stop = Some(Some((row, refused)));
                 break;
             }
-            let sent = match self.topics.verdict(&row.topic) {
-                Verdict::Send => publish::send(&self.producer, row, &self.config.source).await,
-                Verdict::Wait { reason, retry_in } => Sent::Held { reason, retry_in },
-                Verdict::Fail(reason) => Sent::Permanent { reason, code: MISSING_CODE.to_owned() },
-            };
-            let acked = matches!(sent, Sent::Acked(_));
-            results.push((row, sent));
-            if !acked {
-                break;
+            let count = in_flight.len();
+            let mut broken: Option<&Row> = None;
+            let mut last: Option<Placement> = None;
+            for (i, (row, delivery)) in in_flight.into_iter().enumerate() {
+                let sent = self.delivered(delivery, deadline, purged).await;
+                match (&sent, broken) {
+                    (Sent::Acked(placement), None) => {
+                        if last.is_some_and(|l| {
+                            l.partition != placement.partition || l.offset >= placement.offset
+                        }) {
+                            self.order_gap(row, "acknowledged out of partition order", last, *placement);
+                        }
+                        last = Some(*placement);
+                        results.push((row, sent));
+                    }
+                    (_, None) => {
+                        if i + 1 < count {
+                            // Keep the rest of this aggregate's run from being sent after it.
+                            publish::purge(&self.producer, false).await;
+                        }
+                        broken = Some(row);
+                        results.push((row, sent));
+                    }
+                    (Sent::Acked(placement), Some(_)) => {
+                        self.order_gap(
+                            row,
+                            "acknowledged after an earlier event of its aggregate failed",
+                            last,
+                            *placement,
+                        );
+                    }
+                    (_, Some(_)) => {}
+                }
+            }
+            if broken.is_some() {
+                return results;
+            }
+            if let Some(stop) = stop {
+                results.extend(stop);
+                return results;
             }
         }
         results
+    }
+
+    /// Waits for one delivery report until the batch's deadline; past it, purges the
+    /// producer once for the whole batch, so that nothing is still sent after the batch
+    /// ended and librdkafka's own timeout (a backstop) never fires.
+    async fn delivered(
+        &self,
+        mut delivery: DeliveryFuture,
+        deadline: tokio::time::Instant,
+        purged: &AtomicBool,
+    ) -> Sent {
+        match tokio::time::timeout_at(deadline, &mut delivery).await {
+            Ok(report) => publish::outcome(report),
+            Err(_) => {
+                if !purged.swap(true, Ordering::Relaxed) {
+                    warn!(relay_id = %self.id(), stage = "publish", timeout = ?self.config.message_timeout,
+                          "batch not acknowledged within the message timeout; purging the producer's queue");
+                    publish::purge(&self.producer, true).await;
+                }
+                publish::outcome(delivery.await)
+            }
+        }
+    }
+
+    fn order_gap(&self, row: &Row, what: &str, before: Option<Placement>, placement: Placement) {
+        metrics::counter!(crate::metrics::ORDER_GAPS).increment(1);
+        self.stats.order_gaps.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
+                        attempt = row.attempts + 1, stage = "publish", partition = placement.partition,
+                        offset = placement.offset, before = ?before,
+                        "per-aggregate order not guaranteed: {what}; the event stays pending and is sent again");
     }
 }
 

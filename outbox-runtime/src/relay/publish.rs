@@ -5,17 +5,35 @@ use std::time::Duration;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer, PurgeConfig};
 use rdkafka::ClientConfig;
 
 use super::claim::{Placement, Row};
 use crate::error::{Error, Result};
 
-/// Producer settings the relay's guarantees rest on; they cannot be overridden.
-const FIXED: &[(&str, &str)] = &[("acks", "all"), ("enable.idempotence", "true")];
+/// Producer settings the relay's guarantees rest on; they cannot be overridden. With
+/// `enable.gapless.guarantee` a broker error that would leave a gap in a partition's
+/// sequence (a record failed, a later one persisted) is a fatal error that fails every
+/// later record instead: what lets the relay send an aggregate's events without waiting
+/// for each acknowledgement.
+pub(crate) const FIXED: &[(&str, &str)] =
+    &[("acks", "all"), ("enable.idempotence", "true"), ("enable.gapless.guarantee", "true")];
 
-/// Builds the idempotent producer: `acks=all`, idempotence on, and `message.timeout.ms`
-/// bounded so that a batch ends (delivered or failed) well within a lease.
+/// librdkafka's own `message.timeout.ms`, a backstop the relay's deadline always precedes.
+///
+/// The relay ends a batch itself at `message_timeout` by purging what is still queued or in
+/// flight. A record that times out inside librdkafka is the one failure the gapless
+/// guarantee does not cover: librdkafka bumps the producer epoch and sends the records
+/// queued behind it, so a later event of the aggregate could be persisted before an
+/// earlier one that never was. With the timeout at twice the relay's deadline that only
+/// happens if the relay stalls for a whole `message_timeout`; the lease (more than twice
+/// the message timeout) still bounds every send.
+pub(crate) fn backstop(message_timeout: Duration) -> Duration {
+    message_timeout * 2
+}
+
+/// Builds the idempotent, gapless producer: `acks=all`, and `message.timeout.ms` at
+/// [`backstop`] so that every record ends (delivered or failed) within a lease.
 pub(crate) fn producer(
     brokers: &str,
     message_timeout: Duration,
@@ -24,14 +42,17 @@ pub(crate) fn producer(
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", brokers)
-        .set("message.timeout.ms", message_timeout.as_millis().to_string())
+        .set("message.timeout.ms", backstop(message_timeout).as_millis().to_string())
         .set("linger.ms", "5")
-        .set("max.in.flight.requests.per.connection", "5")
+        // One request in flight per broker: a retried request is resent before anything
+        // behind it, whether or not the broker checks sequence numbers (see FIXED).
+        .set("max.in.flight.requests.per.connection", "1")
         .set("retry.backoff.ms", "100");
     for (key, value) in overrides {
         if FIXED.iter().any(|(k, _)| k == key) {
             return Err(Error::Config(format!(
-                "producer setting {key} cannot be overridden: the relay needs acks=all and enable.idempotence=true"
+                "producer setting {key} cannot be overridden: the relay needs acks=all, enable.idempotence=true \
+                 and enable.gapless.guarantee=true"
             )));
         }
         config.set(key, value);
@@ -116,23 +137,43 @@ pub(crate) fn judge(error: &KafkaError) -> Sent {
     }
 }
 
-/// Sends one row and waits for its delivery report.
-pub(crate) async fn send(producer: &FutureProducer, row: &Row, source: &str) -> Sent {
+/// Hands one row to the producer without waiting: the delivery report comes through the
+/// returned future. A record the producer refuses at once (queue full, too large) is
+/// judged here.
+pub(crate) fn enqueue(
+    producer: &FutureProducer,
+    row: &Row,
+    source: &str,
+) -> std::result::Result<DeliveryFuture, Sent> {
     let record = FutureRecord::to(&row.topic)
         .key(row.aggregate_id.as_bytes())
         .payload(row.payload.as_bytes())
         .headers(headers(row, source));
-    let delivery = match producer.send_result(record) {
-        Ok(delivery) => delivery,
-        Err((error, _)) => return judge(&error),
-    };
-    match delivery.await {
+    producer.send_result(record).map_err(|(error, _)| judge(&error))
+}
+
+/// Judges a delivery report.
+pub(crate) fn outcome(report: <DeliveryFuture as std::future::Future>::Output) -> Sent {
+    match report {
         Ok(Ok(d)) => Sent::Acked(Placement { partition: d.partition, offset: d.offset }),
         Ok(Err((error, _))) => judge(&error),
         Err(_) => Sent::Transient {
             reason: "the producer dropped the delivery report".to_owned(),
             code: "dropped".to_owned(),
         },
+    }
+}
+
+/// Fails what the producer still holds, queued or in flight, at once (their delivery
+/// reports say `PurgeQueue` or `PurgeInflight`). In flight records may still be written by
+/// the broker: a duplicate later, never a gap, since nothing behind them is sent after.
+pub(crate) async fn purge(producer: &FutureProducer, inflight: bool) {
+    let producer = producer.clone();
+    let flags =
+        if inflight { PurgeConfig::default().queue().inflight() } else { PurgeConfig::default().queue() };
+    // librdkafka waits for its broker threads to purge: a short block, kept off the runtime.
+    if tokio::task::spawn_blocking(move || producer.purge(flags)).await.is_err() {
+        tracing::warn!(stage = "publish", "purging the producer's queue panicked");
     }
 }
 

@@ -255,6 +255,8 @@ fn settings_that_break_a_guarantee_are_refused_whatever_name_sets_them() {
             "max.in.flight.requests.per.connection",
         ),
         (base().producer_setting("max.in.flight", "6"), "max.in.flight"),
+        (base().producer_setting("max.in.flight", "5"), "max.in.flight"),
+        (base().producer_setting("enable.gapless.guarantee", "false"), "enable.gapless.guarantee"),
         (base().producer_setting("transactional.id", "relay-1"), "transactional.id"),
         (base().max_attempts(Some(0)), "max_attempts"),
         (base().lease_ttl(Duration::from_secs(15)).message_timeout(Duration::from_secs(10)), "lease_ttl"),
@@ -269,7 +271,7 @@ fn settings_that_break_a_guarantee_are_refused_whatever_name_sets_them() {
         }
     }
     base()
-        .producer_setting("max.in.flight", "5")
+        .producer_setting("max.in.flight", "1")
         .producer_setting("compression.type", "lz4")
         .validate()
         .expect("allowed");
