@@ -29,7 +29,8 @@
 //! | `outbox_created_to_published_seconds` | histogram | | from append to the mark after the ack |
 //! | `inbox_messages_total` | counter | `consumer`, `outcome` | applied, duplicate, stale, parked, held, ignored, retry |
 //! | `inbox_version_gaps_total` | counter | `consumer` | aggregate versions never seen |
-//! | `inbox_apply_seconds` | histogram | `consumer` | one message's transaction |
+//! | `inbox_apply_seconds` | histogram | `consumer` | one message's transaction (in a batch, its share of the batch's) |
+//! | `inbox_batch_fallbacks_total` | counter | `consumer` | batches rolled back and applied one record per transaction |
 //! | `inbox_consumer_lag` | gauge | `consumer`, `topic`, `partition` | messages behind the partition's end |
 //! | `inbox_paused_partitions` | gauge | `consumer` | partitions paused because their worker is behind |
 //! | `inbox_receive_errors_total` | counter | `consumer` | errors receiving from Kafka (the consumer goes on) |
@@ -58,6 +59,7 @@ pub(crate) const CREATED_TO_PUBLISHED: &str = "outbox_created_to_published_secon
 pub(crate) const INBOX_MESSAGES: &str = "inbox_messages_total";
 pub(crate) const INBOX_GAPS: &str = "inbox_version_gaps_total";
 pub(crate) const INBOX_APPLY_SECONDS: &str = "inbox_apply_seconds";
+pub(crate) const INBOX_BATCH_FALLBACKS: &str = "inbox_batch_fallbacks_total";
 pub(crate) const INBOX_LAG: &str = "inbox_consumer_lag";
 pub(crate) const INBOX_PAUSED: &str = "inbox_paused_partitions";
 pub(crate) const INBOX_RECEIVE_ERRORS: &str = "inbox_receive_errors_total";

@@ -555,3 +555,84 @@ async fn a_redelivered_record_is_not_held_behind_a_later_parked_one(pool: PgPool
     assert_eq!(rows.len(), 1, "only the broken record is in the parked table: {rows:?}");
     assert_eq!(applied_amounts(&pool).await, vec![1]);
 }
+
+/// Credits, except two accounts: "poison" fails permanently, "panics" panics.
+#[derive(Clone, Default)]
+struct Picky;
+
+impl EventHandler<Credit> for Picky {
+    async fn handle(&self, tx: &mut PgConnection, credit: Credit, meta: &Meta) -> Result<(), HandlerError> {
+        match credit.account.as_str() {
+            "poison" => return Err(HandlerError::permanent("this credit is poison")),
+            "panics" => panic!("the handler panicked on purpose"),
+            _ => {}
+        }
+        Ledger::default().handle(tx, credit, meta).await
+    }
+}
+
+/// Transactions the inbox rows of `consumer` were written in.
+async fn inbox_transactions(pool: &PgPool, consumer: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(DISTINCT xmin::text) FROM inbox WHERE consumer = $1")
+        .bind(consumer)
+        .fetch_one(pool)
+        .await
+        .expect("transactions")
+}
+
+/// Records waiting for a worker are applied in batches, one transaction each; a poison
+/// record and a panicking one in the middle of a batch roll it back and then park alone,
+/// while every other record applies exactly once and the offsets pass them all. With
+/// `batch_size(1)` the same records take one transaction each: the count can tell.
+#[sqlx::test(migrations = false)]
+async fn a_batch_applies_in_one_transaction_and_a_poison_record_in_it_parks_alone(pool: PgPool) {
+    let s = setup(&pool, 1).await;
+    let mut expected = Vec::new();
+    for amount in 1..=120 {
+        let account = match amount {
+            30 => "poison".to_owned(),
+            75 => "panics".to_owned(),
+            _ => {
+                expected.push(amount);
+                format!("acct-{}", amount % 7)
+            }
+        };
+        s.credit(0, &account, amount);
+    }
+    s.producer.flush();
+    let mut transactions = Vec::new();
+    for (consumer, batch) in [("batched", 100), ("unbatched", 1)] {
+        sqlx::query("TRUNCATE effects").execute(&pool).await.expect("truncate");
+        let running = start_with(&pool, s.config(consumer).batch_size(batch), Picky).await;
+        let stats = running.stats.clone();
+        let settled =
+            eventually(Duration::from_secs(30), || async { stats.applied() + stats.parked() == 120 }).await;
+        running.shutdown().await;
+        assert!(settled, "{consumer}: applied {} parked {}", stats.applied(), stats.parked());
+        assert_eq!(applied_amounts(&pool).await, expected, "{consumer}: every other credit applied once");
+        let parked: Vec<(i64, String, String)> = sqlx::query_as(
+            "SELECT kafka_offset, status, reason FROM inbox_parked WHERE consumer = $1 ORDER BY kafka_offset",
+        )
+        .bind(consumer)
+        .fetch_all(&pool)
+        .await
+        .expect("parked");
+        assert_eq!(parked.len(), 2, "{consumer}: {parked:?}");
+        assert_eq!((parked[0].0, parked[0].1.as_str()), (29, "parked"));
+        assert!(parked[0].2.contains("this credit is poison"), "{}", parked[0].2);
+        assert_eq!((parked[1].0, parked[1].1.as_str()), (74, "parked"));
+        assert!(parked[1].2.contains("panicked on purpose"), "{}", parked[1].2);
+        assert_eq!(
+            s.kafka.committed(consumer, &s.topic, 1),
+            vec![120],
+            "{consumer}: offsets pass every record"
+        );
+        transactions.push(inbox_transactions(&pool, consumer).await);
+    }
+    eprintln!(
+        "transactions for 118 applied records: batched {}, unbatched {}",
+        transactions[0], transactions[1]
+    );
+    assert_eq!(transactions[1], 118, "one record per transaction");
+    assert!(transactions[0] <= 20, "batched: {} transactions for 118 records", transactions[0]);
+}

@@ -380,6 +380,7 @@ impl Inbox {
                 consumer: self.config.consumer.clone(),
                 backoff: (self.config.backoff_base, self.config.backoff_max),
                 max_attempts: self.config.max_attempts,
+                batch: (self.config.batch_size, self.config.batch_wait, self.config.batch_timeout),
                 place: place.clone(),
                 generation: state.generation,
                 shared: shared.clone(),

@@ -1,6 +1,8 @@
 //! The inbox's tables and what one message does to them, in one transaction: dedup insert,
 //! aggregate version tracking, the handler's effect; or parking with its reason.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use sqlx::{PgConnection, PgPool, Postgres, SqlStr, Transaction};
 use tracing::warn;
 
@@ -68,6 +70,16 @@ pub(crate) enum Outcome {
     Ignored,
     /// A transient handler error: nothing was written; try again later.
     RetryLater(String),
+}
+
+/// Where applying a message in a transaction left it.
+enum Step {
+    /// Commit: this is its outcome.
+    Commit(Outcome),
+    /// Roll back; a transient handler error: try again later.
+    Retry(String),
+    /// Roll back, then park it with this reason in a transaction of its own.
+    ParkAfterRollback(String),
 }
 
 #[derive(Debug)]
@@ -238,6 +250,42 @@ impl Store {
         self.apply(pool, tx, handlers, msg, None).await
     }
 
+    /// Processes consecutive messages of one partition in one transaction, in order, each
+    /// as [`Store::process`] would, and commits. `at` says which message is in hand, so
+    /// that the caller knows which one a failure (an error, a panic, a timeout) came from.
+    /// `Ok(false)` when the message at `at` does not simply apply: rolled back, nothing
+    /// written.
+    pub(crate) async fn process_batch(
+        &self,
+        pool: &PgPool,
+        handlers: &Handlers,
+        msgs: &[Incoming],
+        at: &AtomicUsize,
+    ) -> Result<(bool, Vec<Outcome>)> {
+        let mut tx = pool.begin().await?;
+        let mut outcomes = Vec::with_capacity(msgs.len());
+        for (i, msg) in msgs.iter().enumerate() {
+            at.store(i, Ordering::Relaxed);
+            self.lock(&mut tx, &msg.topic, msg.key.as_deref()).await?;
+            if let Some(parked_id) = self.hold(&mut tx, msg).await? {
+                let reason = format!("held behind parked message {parked_id} of the same key");
+                let existing = self.park(&mut tx, msg, "held", &reason).await?;
+                outcomes.push(Self::parked_outcome(existing, "held", &reason));
+                continue;
+            }
+            match self.apply_in(&mut tx, handlers, msg, None).await? {
+                Step::Commit(outcome) => outcomes.push(outcome),
+                Step::Retry(_) | Step::ParkAfterRollback(_) => {
+                    tx.rollback().await?;
+                    return Ok((false, Vec::new()));
+                }
+            }
+        }
+        at.store(msgs.len(), Ordering::Relaxed);
+        tx.commit().await?;
+        Ok((true, outcomes))
+    }
+
     /// Applies `msg` in `tx` (the key already locked and not held). When `resolves` names a
     /// parked row, that row is marked retried in the same transaction.
     pub(crate) async fn apply(
@@ -248,21 +296,44 @@ impl Store {
         msg: &Incoming,
         resolves: Option<(i64, &str)>,
     ) -> Result<Outcome> {
+        match self.apply_in(&mut tx, handlers, msg, resolves).await? {
+            Step::Commit(outcome) => {
+                tx.commit().await?;
+                Ok(outcome)
+            }
+            Step::Retry(reason) => {
+                tx.rollback().await?;
+                Ok(Outcome::RetryLater(reason))
+            }
+            Step::ParkAfterRollback(reason) => {
+                tx.rollback().await?;
+                self.park_after_rollback(pool, msg, &reason, resolves).await
+            }
+        }
+    }
+
+    /// What applying `msg` in `tx` came to, without ending the transaction.
+    async fn apply_in(
+        &self,
+        tx: &mut PgConnection,
+        handlers: &Handlers,
+        msg: &Incoming,
+        resolves: Option<(i64, &str)>,
+    ) -> Result<Step> {
         let meta = match &msg.meta {
             Ok(meta) => meta,
-            Err(reason) => return self.park_instead(tx, msg, reason, resolves).await,
+            Err(reason) => return Ok(Step::Commit(self.park_instead(tx, msg, reason, resolves).await?)),
         };
         let handler = match handlers.resolve(&meta.event_type, meta.schema_version) {
             Resolved::Handler(handler) => handler,
             Resolved::Ignored => {
-                self.resolve(&mut tx, resolves).await?;
-                tx.commit().await?;
-                return Ok(Outcome::Ignored);
+                self.resolve(tx, resolves).await?;
+                return Ok(Step::Commit(Outcome::Ignored));
             }
             Resolved::Unhandled => {
                 let reason =
                     format!("no handler for event type {} version {}", meta.event_type, meta.schema_version);
-                return self.park_instead(tx, msg, &reason, resolves).await;
+                return Ok(Step::Commit(self.park_instead(tx, msg, &reason, resolves).await?));
             }
         };
         let new: Option<i32> = sqlx::query_scalar(self.insert_inbox.clone())
@@ -279,37 +350,26 @@ impl Store {
             .fetch_optional(&mut *tx)
             .await?;
         if new.is_none() {
-            self.resolve(&mut tx, resolves).await?;
-            tx.commit().await?;
-            return Ok(Outcome::Duplicate);
+            self.resolve(tx, resolves).await?;
+            return Ok(Step::Commit(Outcome::Duplicate));
         }
-        let gap = match self.track_version(&mut tx, meta).await? {
+        let gap = match self.track_version(tx, meta).await? {
             Some(gap) => gap,
             None => {
-                self.resolve(&mut tx, resolves).await?;
-                tx.commit().await?;
-                return Ok(Outcome::Stale);
+                self.resolve(tx, resolves).await?;
+                return Ok(Step::Commit(Outcome::Stale));
             }
         };
-        let dispatched = handler.call(&mut tx, &msg.payload, meta).await;
-        match dispatched {
+        match handler.call(tx, &msg.payload, meta).await {
             Dispatch::Ran(Ok(())) => {
-                self.resolve(&mut tx, resolves).await?;
-                tx.commit().await?;
-                Ok(Outcome::Applied { gap })
+                self.resolve(tx, resolves).await?;
+                Ok(Step::Commit(Outcome::Applied { gap }))
             }
-            Dispatch::Ran(Err(HandlerError::Transient(reason))) => {
-                tx.rollback().await?;
-                Ok(Outcome::RetryLater(reason))
-            }
+            Dispatch::Ran(Err(HandlerError::Transient(reason))) => Ok(Step::Retry(reason)),
             Dispatch::Ran(Err(HandlerError::Permanent(reason))) => {
-                tx.rollback().await?;
-                self.park_after_rollback(pool, msg, &format!("handler failed: {reason}"), resolves).await
+                Ok(Step::ParkAfterRollback(format!("handler failed: {reason}")))
             }
-            Dispatch::Undecodable(reason) => {
-                tx.rollback().await?;
-                self.park_after_rollback(pool, msg, &reason, resolves).await
-            }
+            Dispatch::Undecodable(reason) => Ok(Step::ParkAfterRollback(reason)),
         }
     }
 
@@ -384,23 +444,23 @@ impl Store {
         Ok(())
     }
 
+    /// Parks `msg` in `tx` instead of applying it (or, retrying a parked row, parks that
+    /// row again with the new reason).
     async fn park_instead(
         &self,
-        mut tx: Transaction<'static, Postgres>,
+        tx: &mut PgConnection,
         msg: &Incoming,
         reason: &str,
         resolves: Option<(i64, &str)>,
     ) -> Result<Outcome> {
-        let outcome = match resolves {
+        Ok(match resolves {
             // Retrying a parked message that fails again: it stays parked, with the new reason.
             Some((id, _)) => {
-                self.repark(&mut tx, id, reason).await?;
+                self.repark(tx, id, reason).await?;
                 Outcome::Parked(reason.to_owned())
             }
-            None => Self::parked_outcome(self.park(&mut tx, msg, "parked", reason).await?, "parked", reason),
-        };
-        tx.commit().await?;
-        Ok(outcome)
+            None => Self::parked_outcome(self.park(tx, msg, "parked", reason).await?, "parked", reason),
+        })
     }
 
     pub(crate) async fn park_after_rollback(
@@ -412,7 +472,9 @@ impl Store {
     ) -> Result<Outcome> {
         let mut tx = pool.begin().await?;
         self.lock(&mut tx, &msg.topic, msg.key.as_deref()).await?;
-        self.park_instead(tx, msg, reason, resolves).await
+        let outcome = self.park_instead(&mut tx, msg, reason, resolves).await?;
+        tx.commit().await?;
+        Ok(outcome)
     }
 
     async fn repark(&self, tx: &mut PgConnection, id: i64, reason: &str) -> Result<()> {

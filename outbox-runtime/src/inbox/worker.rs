@@ -1,4 +1,6 @@
 //! One partition's worker: processes its records in order, each to a recorded outcome.
+//! Records already waiting are applied as a batch in one transaction; a batch in which any
+//! record does not simply apply is rolled back and processed one record per transaction.
 //!
 //! A failure is classified ([`Failure`]): what repeats by nature is parked at once, what may
 //! pass is retried with backoff up to `max_attempts` and then parked with the last error,
@@ -9,6 +11,7 @@
 //! headers; if even that fails the worker reports a fatal error and `run()` ends with it.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,6 +42,9 @@ pub(crate) struct Worker {
     pub(crate) consumer: String,
     pub(crate) backoff: (Duration, Duration),
     pub(crate) max_attempts: u32,
+    /// Most records per transaction, how long to wait for more after the first, and how
+    /// long a batch's transaction may take.
+    pub(crate) batch: (usize, Duration, Duration),
     pub(crate) place: (String, i32),
     pub(crate) generation: u64,
     pub(crate) shared: Arc<Shared>,
@@ -104,33 +110,133 @@ pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl Worker {
-    /// Processes `rx` in order until it closes or the worker is stopped.
+    /// Processes `rx` in order until it closes or the worker is stopped: the records
+    /// waiting are taken as a batch and applied in one transaction; a batch that does not
+    /// simply apply, and a lone record, go one record per transaction.
     pub(crate) async fn run(self, mut rx: mpsc::Receiver<OwnedMessage>) {
         let mut throttle = Throttle { last: None, suppressed: 0 };
+        let (batch_size, batch_wait, _) = self.batch;
+        let mut batch: Vec<Incoming> = Vec::with_capacity(batch_size);
         loop {
             let message = tokio::select! {
                 biased;
                 () = self.stop.cancelled() => return, // not started: redelivered
                 message = rx.recv() => match message { Some(m) => m, None => return },
             };
-            self.shared.made_room(&self.place);
-            let incoming = Incoming::read(&message);
-            drop(message);
-            let event_id = incoming.meta.as_ref().map(|m| m.event_id.to_string()).unwrap_or_default();
-            let span = info_span!("inbox_message", consumer = %self.consumer, topic = %incoming.topic,
-                                  partition = incoming.partition, offset = incoming.offset, event_id = %event_id);
-            let settled = self.settle(&incoming, &event_id, &mut throttle).instrument(span).await;
-            match settled {
-                Ok(Settled::Done) => {
-                    self.shared.finish(&self.place, self.generation, incoming.offset + 1);
-                }
-                Ok(Settled::Abandoned) => return,
-                Err(fatal) => {
-                    self.shared.fail(fatal);
-                    return;
+            batch.push(self.take(message));
+            let fill_until = tokio::time::Instant::now() + batch_wait;
+            while batch.len() < batch_size {
+                let next = match rx.try_recv() {
+                    Ok(message) => Some(message),
+                    Err(mpsc::error::TryRecvError::Empty) if !batch_wait.is_zero() => {
+                        tokio::time::timeout_at(fill_until, rx.recv()).await.ok().flatten()
+                    }
+                    Err(_) => None,
+                };
+                match next {
+                    Some(message) => batch.push(self.take(message)),
+                    None => break,
                 }
             }
+            if self.stop.is_cancelled() {
+                return; // not started: redelivered
+            }
+            // A batch goes in one transaction. When a record of it does not simply apply,
+            // the records before it go again as a batch, that record alone (to its outcome,
+            // with retries and parking), and the rest as the next batch.
+            let mut from = 0;
+            while from < batch.len() {
+                let rest = &batch[from..];
+                let failed = if rest.len() > 1 { self.apply_batch(rest).await } else { Some(0) };
+                let Some(i) = failed else { break };
+                let prefix_done = i > 1 && self.apply_batch(&rest[..i]).await.is_none();
+                if !prefix_done {
+                    for incoming in &rest[..i] {
+                        if !self.one(incoming, &mut throttle).await {
+                            return;
+                        }
+                    }
+                }
+                if !self.one(&rest[i], &mut throttle).await {
+                    return;
+                }
+                from += i + 1;
+            }
+            batch.clear();
         }
+    }
+
+    /// Brings one record to its outcome in a transaction of its own and finishes its
+    /// offset; `false` when the worker must stop (stopped, or a fatal error).
+    async fn one(&self, incoming: &Incoming, throttle: &mut Throttle) -> bool {
+        let event_id = incoming.meta.as_ref().map(|m| m.event_id.to_string()).unwrap_or_default();
+        let span = info_span!("inbox_message", consumer = %self.consumer, topic = %incoming.topic,
+                              partition = incoming.partition, offset = incoming.offset, event_id = %event_id);
+        match self.settle(incoming, &event_id, throttle).instrument(span).await {
+            Ok(Settled::Done) => {
+                self.shared.finish(&self.place, self.generation, incoming.offset + 1);
+                true
+            }
+            Ok(Settled::Abandoned) => false,
+            Err(fatal) => {
+                self.shared.fail(fatal);
+                false
+            }
+        }
+    }
+
+    /// Reads a record handed to this worker, making room for the next.
+    fn take(&self, message: OwnedMessage) -> Incoming {
+        self.shared.made_room(&self.place);
+        Incoming::read(&message)
+    }
+
+    /// Applies `batch` in one transaction. `None` when it did; `Some(i)` when record `i` did
+    /// not simply apply (or failed, panicked or overran `batch_timeout`) and the
+    /// transaction rolled back: nothing of the batch was written.
+    async fn apply_batch(&self, batch: &[Incoming]) -> Option<usize> {
+        let started = Instant::now();
+        let at = AtomicUsize::new(0);
+        let span = info_span!("inbox_batch", consumer = %self.consumer, topic = %batch[0].topic,
+                              partition = batch[0].partition, first_offset = batch[0].offset, records = batch.len());
+        let processed = AssertUnwindSafe(self.store.process_batch(&self.pool, &self.handlers, batch, &at))
+            .catch_unwind()
+            .instrument(span);
+        // Dropped at the timeout, the transaction rolls back.
+        let why = match tokio::time::timeout(self.batch.2, processed).await {
+            Ok(Ok(Ok((true, outcomes)))) => {
+                #[allow(clippy::cast_precision_loss)]
+                let share = started.elapsed().as_secs_f64() / batch.len() as f64;
+                for (incoming, outcome) in batch.iter().zip(&outcomes) {
+                    let event_id = incoming.meta.as_ref().map(|m| m.event_id.to_string()).unwrap_or_default();
+                    self.recorded(incoming, &event_id, outcome, share, 1);
+                    self.shared.finish(&self.place, self.generation, incoming.offset + 1);
+                }
+                return None;
+            }
+            Ok(Ok(Ok((false, _)))) => "it does not simply apply".to_owned(),
+            Ok(Ok(Err(error))) => error.to_string(),
+            Ok(Err(panic)) => format!("its handler panicked: {}", panic_text(&*panic)),
+            Err(_) => format!("the batch took longer than batch_timeout ({:?})", self.batch.2),
+        };
+        let i = at.load(Ordering::Relaxed).min(batch.len() - 1);
+        metrics::counter!(crate::metrics::INBOX_BATCH_FALLBACKS, "consumer" => self.consumer.clone())
+            .increment(1);
+        debug!(consumer = %self.consumer, topic = %batch[i].topic, partition = batch[i].partition,
+               offset = batch[i].offset, records = batch.len(), stage = "inbox", reason = %why,
+               "batch rolled back at this record; it goes alone, the others in batches");
+        Some(i)
+    }
+
+    /// Counts and logs the outcome a record came to.
+    fn recorded(&self, incoming: &Incoming, event_id: &str, outcome: &Outcome, seconds: f64, tries: u32) {
+        if let Outcome::Parked(reason) = outcome {
+            warn!(consumer = %self.consumer, event_id, topic = %incoming.topic, partition = incoming.partition,
+                  offset = incoming.offset, attempt = tries, stage = "inbox", %reason, "message parked");
+        }
+        self.stats.record(&self.consumer, outcome);
+        metrics::histogram!(crate::metrics::INBOX_APPLY_SECONDS, "consumer" => self.consumer.clone())
+            .record(seconds);
     }
 
     /// One try: the outcome, or how it failed.
@@ -193,13 +299,7 @@ impl Worker {
             };
             let failure = match result {
                 Ok(outcome) => {
-                    if let Outcome::Parked(reason) = &outcome {
-                        warn!(consumer = %self.consumer, event_id, topic = %incoming.topic, partition = incoming.partition,
-                              offset = incoming.offset, attempt = tries, stage = "inbox", %reason, "message parked");
-                    }
-                    self.stats.record(&self.consumer, &outcome);
-                    metrics::histogram!(crate::metrics::INBOX_APPLY_SECONDS, "consumer" => self.consumer.clone())
-                        .record(started.elapsed().as_secs_f64());
+                    self.recorded(incoming, event_id, &outcome, started.elapsed().as_secs_f64(), tries);
                     return Ok(Settled::Done);
                 }
                 Err(failure) => failure,
