@@ -130,6 +130,43 @@ impl NewEvent {
 }
 
 /// The INSERT (and NOTIFY) of [`Outbox::append_batch`], one statement, one round trip.
+/// The advisory lock key of an aggregate, as SQL over the aggregate type and id
+/// expressions: one expression for both statements, so that single and batch appends to
+/// one aggregate take the same lock.
+fn lock_key(names: &Names, aggregate_type: &str, aggregate_id: &str) -> String {
+    format!(
+        "hashtextextended('outbox:' || '{table}:' || {aggregate_type} || ':' || {aggregate_id}, 0)",
+        table = names.outbox.replace('\'', "")
+    )
+}
+
+/// One event's insert: the aggregate's lock first (the `locked` row feeds the insert),
+/// then the row, then the NOTIFY, all in one statement.
+pub(crate) fn insert_one_sql(names: &Names, notify: bool, lock_aggregates: bool) -> String {
+    let notify = if notify { "pg_notify($10, '')" } else { "NULL" };
+    let (lock, from) = if lock_aggregates {
+        (
+            format!(
+                "locked AS (SELECT pg_advisory_xact_lock({}) AS l), ",
+                lock_key(names, "$2::text", "$3::text")
+            ),
+            " FROM locked",
+        )
+    } else {
+        (String::new(), "")
+    };
+    format!(
+        "WITH {lock}inserted AS ( \
+           INSERT INTO {outbox} (event_id, aggregate_type, aggregate_id, aggregate_version, \
+                                 event_type, schema_version, topic, payload, headers) \
+           SELECT $1::uuid, $2::text, $3::text, $4::bigint, $5::text, $6::int, $7::text, $8::text::json, \
+                  $9::text::jsonb{from} \
+           RETURNING 1) \
+         SELECT (SELECT count(*) FROM inserted), {notify}",
+        outbox = names.outbox
+    )
+}
+
 pub(crate) fn insert_sql(names: &Names, notify: bool, lock_aggregates: bool) -> String {
     let notify = if notify { "pg_notify($10, '')" } else { "NULL" };
     // The aggregates' locks, in one order (sorted keys), before any row is inserted: the
@@ -139,9 +176,9 @@ pub(crate) fn insert_sql(names: &Names, notify: bool, lock_aggregates: bool) -> 
             format!(
                 "locked AS ( \
                    SELECT count(pg_advisory_xact_lock(k)) AS n FROM ( \
-                     SELECT DISTINCT hashtextextended('outbox:' || '{table}:' || a.at || ':' || a.ai, 0) AS k \
+                     SELECT DISTINCT {key} AS k \
                      FROM unnest($2::text[], $3::text[]) AS a(at, ai) ORDER BY 1) keys), ",
-                table = names.outbox.replace('\'', "")
+                key = lock_key(names, "a.at", "a.ai")
             ),
             "WHERE (SELECT n FROM locked) >= 0",
         )
@@ -219,6 +256,21 @@ impl Outbox {
         // event is never refused, and a batch goes in whole or not at all.
         if events.iter().all(|e| !e.critical) {
             self.admit_non_critical(&mut *conn, events[0].event_type).await?;
+        }
+        if let [event] = events {
+            let query = sqlx::query(self.inner.insert_one_sql.clone())
+                .bind(event.event_id)
+                .bind(event.aggregate_type)
+                .bind(&event.aggregate_id)
+                .bind(event.aggregate_version)
+                .bind(event.event_type)
+                .bind(i32::try_from(event.schema_version).unwrap_or(i32::MAX))
+                .bind(event.topic)
+                .bind(&event.payload)
+                .bind(&event.headers);
+            let query = if self.config().notify { query.bind(&self.names().channel) } else { query };
+            query.execute(conn).await?;
+            return Ok(());
         }
         let column = |f: fn(&NewEvent) -> String| events.iter().map(f).collect::<Vec<_>>();
         let ids: Vec<Uuid> = events.iter().map(|e| e.event_id).collect();

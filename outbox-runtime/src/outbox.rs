@@ -166,6 +166,8 @@ pub(crate) struct Inner {
     pub(crate) config: OutboxConfig,
     pub(crate) names: Names,
     pub(crate) insert_sql: SqlStr,
+    /// The same for one event: scalar parameters, no arrays to build and unnest.
+    pub(crate) insert_one_sql: SqlStr,
     /// The last measured fill level, for non-critical appends.
     pub(crate) fill: Mutex<Option<(Instant, u64)>>,
 }
@@ -198,7 +200,12 @@ impl Outbox {
         let insert_sql =
             AssertSqlSafe(crate::append::insert_sql(&names, config.notify, config.lock_aggregates))
                 .into_sql_str();
-        Ok(Outbox { inner: Arc::new(Inner { config, names, insert_sql, fill: Mutex::new(None) }) })
+        let insert_one_sql =
+            AssertSqlSafe(crate::append::insert_one_sql(&names, config.notify, config.lock_aggregates))
+                .into_sql_str();
+        Ok(Outbox {
+            inner: Arc::new(Inner { config, names, insert_sql, insert_one_sql, fill: Mutex::new(None) }),
+        })
     }
 
     /// The outbox with [`OutboxConfig::default`]: table `public.outbox`.

@@ -310,3 +310,54 @@ async fn a_batch_with_a_critical_event_is_never_refused(pool: PgPool) {
     tx.commit().await.expect("commit");
     assert_eq!(outbox_rows(&pool).await, 4);
 }
+
+/// Invariant 13 across the two statements: a single-event append and a batch append
+/// take the same per-aggregate lock, so an append to an aggregate waits for a transaction
+/// that appended to it with the other statement, in both directions.
+#[sqlx::test(migrations = false)]
+async fn single_and_batch_appends_to_one_aggregate_wait_for_each_other(pool: PgPool) {
+    use outbox_tests::Step;
+    let outbox = migrate(&pool).await;
+    let step = |n: i64| Step { id: "shared".to_owned(), n, data: String::new() };
+    for batch_first in [true, false] {
+        let mut first = pool.begin().await.expect("begin");
+        if batch_first {
+            let events = [
+                NewEvent::new(&step(1), AppendOptions::default()).expect("event"),
+                NewEvent::new(&step(2), AppendOptions::default()).expect("event"),
+            ];
+            outbox.append_batch(&mut first, &events).await.expect("batch");
+        } else {
+            outbox.append(&mut first, &step(1)).await.expect("single");
+        }
+        let second = {
+            let (pool, outbox) = (pool.clone(), outbox.clone());
+            tokio::spawn(async move {
+                let mut tx = pool.begin().await.expect("begin");
+                if batch_first {
+                    outbox.append(&mut tx, &step(3)).await.expect("single");
+                } else {
+                    let events = [NewEvent::new(&step(3), AppendOptions::default()).expect("event")];
+                    outbox.append_batch(&mut tx, &events[..]).await.expect("batch of one");
+                    let more = [
+                        NewEvent::new(&step(4), AppendOptions::default()).expect("event"),
+                        NewEvent::new(&step(5), AppendOptions::default()).expect("event"),
+                    ];
+                    outbox.append_batch(&mut tx, &more).await.expect("batch");
+                }
+                tx.commit().await.expect("commit");
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        assert!(
+            !second.is_finished(),
+            "batch_first={batch_first}: the second append waits for the first transaction"
+        );
+        first.commit().await.expect("commit");
+        tokio::time::timeout(std::time::Duration::from_secs(10), second)
+            .await
+            .expect("the second append goes on once the first commits")
+            .expect("second");
+        sqlx::query("TRUNCATE outbox").execute(&pool).await.expect("truncate");
+    }
+}
