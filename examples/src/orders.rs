@@ -81,7 +81,9 @@ pub async fn place(pool: &PgPool, outbox: &Outbox, order: &NewOrder) -> Result<U
 }
 
 /// The confirm transition: only a pending order changes, and the new version comes back.
-const CONFIRM: &str = "UPDATE orders SET status = 'confirmed', version = version + 1 \
+/// The confirm transition (the bench's append floor runs it too).
+#[doc(hidden)]
+pub const CONFIRM: &str = "UPDATE orders SET status = 'confirmed', version = version + 1 \
                        WHERE id = $1 AND status = 'pending' \
                        RETURNING version, total_cents, currency, payment";
 

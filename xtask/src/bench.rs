@@ -260,13 +260,16 @@ impl Figures {
 /// Ratios with their targets: (name, meaning, target, higher is better).
 const RATIOS: &[(&str, &str, f64, bool)] = &[
     ("append_overhead", "p50 confirm with append / without", 1.10, false),
+    ("append_vs_floor", "p50 confirm with append / with a bare INSERT", 1.15, false),
     ("relay_vs_raw_producer", "relay events/s / raw producer msgs/s", 0.8, true),
     ("relay_unanalyzed_vs_raw_producer", "the same, table never analysed since the backlog", 0.7, true),
+    ("relay_hot_vs_raw_producer", "the same with 10 aggregates carrying every event", 0.5, true),
     ("relay_vs_pg_mark", "relay events/s / claim+mark rows/s, no Kafka", f64::NAN, true),
     ("relay_vs_limit", "relay / min(raw producer, pg mark)", 0.7, true),
     ("claim_backlog_ratio", "claim time, large backlog / 10k backlog", 1.3, false),
     ("notify_latency_vs_poll", "p99 created->published at 500/s / 1 s poll", 0.05, false),
-    ("inbox_vs_raw", "inbox applies/s / raw consumer inserts/s", 0.7, true),
+    ("inbox_vs_raw", "inbox applies/s / raw consumer inserts/s, one per transaction", 0.7, true),
+    ("inbox_vs_raw_batched", "the same, up to 100 per transaction", 0.7, true),
 ];
 
 async fn bench(args: &BenchArgs) -> Result<(), Failure> {
@@ -383,16 +386,26 @@ fn rate(count: impl TryInto<i64>, elapsed: Duration) -> f64 {
 /// `append_overhead`: the example's confirm with its outbox append against the same
 /// transaction without it, interleaved so drift hits both alike. A third variant appends
 /// without the per-aggregate advisory lock (`lock_aggregates(false)`), which prices the
-/// lock: `aggregate_lock_ms`.
+/// lock: `aggregate_lock_ms`. A fourth writes the same row with a bare `INSERT` into a table
+/// with only a primary key, the floor any outbox pays: `append_vs_floor`.
 async fn append_overhead(
     pool: &PgPool,
     outbox: &Outbox,
     sizes: Sizes,
     f: &mut Figures,
 ) -> Result<(), Failure> {
+    const VARIANTS: usize = 4;
     let unlocked = Outbox::new(outbox.config().clone().lock_aggregates(false))?;
-    let mut ids = Vec::with_capacity(sizes.confirms * 3);
-    for i in 0..sizes.confirms * 3 {
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS bench_floor (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
+         event_id uuid NOT NULL, aggregate_type text NOT NULL, aggregate_id text NOT NULL, \
+         aggregate_version bigint, event_type text NOT NULL, schema_version integer NOT NULL, \
+         topic text NOT NULL, payload json NOT NULL, headers jsonb NOT NULL)",
+    )
+    .execute(pool)
+    .await?;
+    let mut ids = Vec::with_capacity(sizes.confirms * VARIANTS);
+    for i in 0..sizes.confirms * VARIANTS {
         let order = NewOrder {
             customer_id: Uuid::now_v7(),
             lines: vec![OrderLine { sku: format!("sku-{}", i % 10), quantity: 1 }],
@@ -402,33 +415,79 @@ async fn append_overhead(
         };
         ids.push(orders::place(pool, outbox, &order).await?);
     }
-    // Warm up both paths.
-    let (mut with, mut without, mut with_unlocked) = (Vec::new(), Vec::new(), Vec::new());
-    for (i, trio) in ids.chunks(3).enumerate() {
+    let mut samples: [Vec<f64>; VARIANTS] = Default::default();
+    for (i, group) in ids.chunks(VARIANTS).enumerate() {
+        let mut took = [0.0; VARIANTS];
         let started = Instant::now();
-        orders::confirm(pool, outbox, trio[0]).await?;
-        let a = started.elapsed().as_secs_f64();
+        orders::confirm(pool, outbox, group[0]).await?;
+        took[0] = started.elapsed().as_secs_f64();
         let started = Instant::now();
-        orders::confirm_without_event(pool, trio[1]).await?;
-        let b = started.elapsed().as_secs_f64();
+        orders::confirm_without_event(pool, group[1]).await?;
+        took[1] = started.elapsed().as_secs_f64();
         let started = Instant::now();
-        orders::confirm(pool, &unlocked, trio[2]).await?;
-        let c = started.elapsed().as_secs_f64();
+        orders::confirm(pool, &unlocked, group[2]).await?;
+        took[2] = started.elapsed().as_secs_f64();
+        let started = Instant::now();
+        confirm_with_bare_insert(pool, group[3]).await?;
+        took[3] = started.elapsed().as_secs_f64();
+        // The first 20 rounds warm every path up.
         if i >= 20 {
-            with.push(a);
-            without.push(b);
-            with_unlocked.push(c);
+            for (variant, t) in took.iter().enumerate() {
+                samples[variant].push(*t);
+            }
         }
     }
-    let (p50_with, p50_without) = (percentile(&mut with, 0.5), percentile(&mut without, 0.5));
-    let p50_unlocked = percentile(&mut with_unlocked, 0.5);
+    let [with, without, with_unlocked, floor] = &mut samples;
+    let (p50_with, p50_without) = (percentile(with, 0.5), percentile(without, 0.5));
+    let (p50_unlocked, p50_floor) = (percentile(with_unlocked, 0.5), percentile(floor, 0.5));
     f.set("append_overhead", p50_with / p50_without);
+    f.set("append_vs_floor", p50_with / p50_floor);
     f.set("confirm_p50_ms_with_append", p50_with * 1e3);
+    f.set("confirm_p99_ms_with_append", percentile(with, 0.99) * 1e3);
     f.set("confirm_p50_ms_with_append_unlocked", p50_unlocked * 1e3);
+    f.set("confirm_p50_ms_with_bare_insert", p50_floor * 1e3);
+    f.set("confirm_p99_ms_with_bare_insert", percentile(floor, 0.99) * 1e3);
     f.set("confirm_p50_ms_without_append", p50_without * 1e3);
     f.set("aggregate_lock_ms", (p50_with - p50_unlocked) * 1e3);
     f.set("confirms_measured", with.len());
     sqlx::query("TRUNCATE outbox").execute(pool).await?;
+    sqlx::query("DROP TABLE bench_floor").execute(pool).await?;
+    Ok(())
+}
+
+/// The confirm transaction with the event written by a bare `INSERT` of the same row into
+/// `bench_floor`: what appending costs with no outbox machinery at all.
+async fn confirm_with_bare_insert(pool: &PgPool, order_id: Uuid) -> Result<(), Failure> {
+    let mut tx = pool.begin().await?;
+    let row: Option<(i64, i64, String, Value)> =
+        sqlx::query_as(orders::CONFIRM).bind(order_id).fetch_optional(&mut *tx).await?;
+    let Some((version, total_cents, currency, payment)) = row else {
+        return Err(format!("order {order_id} was not pending").into());
+    };
+    let event = OrderConfirmed {
+        order_id,
+        total_cents,
+        currency,
+        payment: serde_json::from_value(payment)?,
+        note: None,
+    };
+    sqlx::query(
+        "INSERT INTO bench_floor (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, \
+                                  schema_version, topic, payload, headers) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8::json, $9::jsonb)",
+    )
+    .bind(Uuid::now_v7())
+    .bind(OrderConfirmed::AGGREGATE_TYPE)
+    .bind(order_id.to_string())
+    .bind(version)
+    .bind(OrderConfirmed::EVENT_TYPE)
+    .bind(i32::try_from(OrderConfirmed::SCHEMA_VERSION)?)
+    .bind(OrderConfirmed::TOPIC)
+    .bind(serde_json::to_string(&event)?)
+    .bind("{}")
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
     Ok(())
 }
 
@@ -566,8 +625,24 @@ async fn relay_throughput(
     }
     let mark = rate(n, mark_elapsed);
 
+    // Hot aggregates: 10 aggregates carry every event, against the raw producer sending
+    // the same records.
+    let hot_n = n.min(20_000);
+    sqlx::query("TRUNCATE outbox").execute(pool).await?;
+    fill(pool, hot_n, 10, &topic).await?;
+    let (acked, raw_hot_elapsed) = hooks::raw_produce(pool, outbox, &config).await?;
+    if i64::try_from(acked)? != hot_n {
+        return Err(format!("the raw producer had {acked} of {hot_n} hot records acknowledged").into());
+    }
+    let raw_hot = rate(hot_n, raw_hot_elapsed);
+    let hot = rate(hot_n, drain(pool, outbox, config.clone(), hot_n).await?);
+
     f.set("relay_vs_raw_producer", relay / raw);
     f.set("relay_unanalyzed_vs_raw_producer", unanalyzed / raw);
+    f.set("relay_hot_vs_raw_producer", hot / raw_hot);
+    f.set("relay_hot_events", hot_n);
+    f.set("relay_hot_events_per_s", hot);
+    f.set("raw_producer_hot_msgs_per_s", raw_hot);
     f.set("relay_vs_pg_mark", relay / mark);
     f.set("relay_vs_limit", relay / raw.min(mark));
     f.set("relay_events", n);
@@ -619,13 +694,39 @@ async fn inbox_throughput(
     .execute(pool)
     .await?;
 
-    // The raw consumer first (it warms the broker's caches for neither: each reads cold
+    // The raw consumers first (they warm the broker's caches for neither: each reads cold
     // from its own group's start).
-    let raw_elapsed = raw_consume(pool, &broker.bootstrap, &topic, n).await?;
-    let raw = rate(n, raw_elapsed);
+    let raw = rate(n, raw_consume(pool, &broker.bootstrap, &topic, n, 1).await?);
+    let raw_batched = rate(n, raw_consume(pool, &broker.bootstrap, &topic, n, INBOX_BATCH).await?);
+    let single = rate(n, inbox_run(pool, &broker.bootstrap, &topic, n, 1).await?);
+    let batched = rate(n, inbox_run(pool, &broker.bootstrap, &topic, n, INBOX_BATCH).await?);
+    f.set("inbox_vs_raw", single / raw);
+    f.set("inbox_vs_raw_batched", batched / raw_batched);
+    f.set("inbox_events", n);
+    f.set("inbox_events_per_s", single);
+    f.set("inbox_batched_events_per_s", batched);
+    f.set("raw_consumer_msgs_per_s", raw);
+    f.set("raw_consumer_batched_msgs_per_s", raw_batched);
+    sqlx::query("TRUNCATE outbox").execute(pool).await?;
+    Ok(())
+}
 
+/// The inbox's default batch size, which both batched consumers use.
+const INBOX_BATCH: usize = 100;
+
+/// Runs an inbox (a consumer group of its own, `batch` records per transaction at most)
+/// until it applied all `n` events; returns the time it took.
+async fn inbox_run(
+    pool: &PgPool,
+    bootstrap: &str,
+    topic: &str,
+    n: i64,
+    batch: usize,
+) -> Result<Duration, Failure> {
+    sqlx::query("TRUNCATE bench_effects").execute(pool).await?;
+    let consumer = format!("bench-inbox-{batch}");
     let inbox_config =
-        InboxConfig::new("bench-inbox", &broker.bootstrap, [topic.clone()]).dedup_retention(None);
+        InboxConfig::new(&consumer, bootstrap, [topic.to_owned()]).dedup_retention(None).batch_size(batch);
     let inbox = Inbox::new(pool.clone(), inbox_config, Handlers::new().fallback(Effect))?;
     inbox.migrator().run(pool).await?;
     let stats = inbox.stats();
@@ -643,25 +744,27 @@ async fn inbox_throughput(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let inbox_elapsed = started.elapsed();
+    let elapsed = started.elapsed();
     stop.cancel();
     task.await??;
     let applied = count(pool, "SELECT count(*) FROM bench_effects").await?;
     if applied != n {
-        return Err(format!("the inbox's effect has {applied} rows for {n} events").into());
+        return Err(format!("the inbox ({consumer}) has {applied} effect rows for {n} events").into());
     }
-    let inbox_rate = rate(n, inbox_elapsed);
-    f.set("inbox_vs_raw", inbox_rate / raw);
-    f.set("inbox_events", n);
-    f.set("inbox_events_per_s", inbox_rate);
-    f.set("raw_consumer_msgs_per_s", raw);
-    sqlx::query("TRUNCATE outbox").execute(pool).await?;
-    Ok(())
+    Ok(elapsed)
 }
 
-/// A consumer with the inbox's Kafka settings and a worker per partition, each message one
-/// INSERT in its own (implicit) transaction, offsets committed by librdkafka.
-async fn raw_consume(pool: &PgPool, bootstrap: &str, topic: &str, n: i64) -> Result<Duration, Failure> {
+/// A consumer with the inbox's Kafka settings and a worker per partition that writes each
+/// message's row: the messages waiting, up to `batch`, in one transaction (`batch` 1: each
+/// in its own). Offsets are committed by librdkafka, periodically, as the inbox commits
+/// its own.
+async fn raw_consume(
+    pool: &PgPool,
+    bootstrap: &str,
+    topic: &str,
+    n: i64,
+    batch: usize,
+) -> Result<Duration, Failure> {
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", format!("bench-raw-{}", Uuid::new_v4().simple()))
@@ -698,16 +801,29 @@ async fn raw_consume(pool: &PgPool, bootstrap: &str, topic: &str, n: i64) -> Res
             let (tx, mut rx) = mpsc::channel::<(i32, i64, Option<String>)>(256);
             let (pool, done) = (pool.clone(), done.clone());
             tasks.push(tokio::spawn(async move {
-                while let Some((partition, offset, event_id)) = rx.recv().await {
-                    sqlx::query(
-                        "INSERT INTO bench_raw (kafka_partition, kafka_offset, event_id) VALUES ($1, $2, $3)",
-                    )
-                    .bind(partition)
-                    .bind(offset)
-                    .bind(event_id)
-                    .execute(&pool)
-                    .await?;
-                    done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let mut rows = Vec::with_capacity(batch);
+                while let Some(first) = rx.recv().await {
+                    rows.push(first);
+                    while rows.len() < batch {
+                        match rx.try_recv() {
+                            Ok(row) => rows.push(row),
+                            Err(_) => break,
+                        }
+                    }
+                    let mut db = pool.begin().await?;
+                    let written = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+                    for (partition, offset, event_id) in rows.drain(..) {
+                        sqlx::query(
+                            "INSERT INTO bench_raw (kafka_partition, kafka_offset, event_id) VALUES ($1, $2, $3)",
+                        )
+                        .bind(partition)
+                        .bind(offset)
+                        .bind(event_id)
+                        .execute(&mut *db)
+                        .await?;
+                    }
+                    db.commit().await?;
+                    done.fetch_add(written, std::sync::atomic::Ordering::Relaxed);
                 }
                 Ok::<(), sqlx::Error>(())
             }));

@@ -24,7 +24,8 @@ pub async fn claim_once(pool: &PgPool, outbox: &Outbox, limit: i64) -> Result<(u
     Ok((rows.len(), started.elapsed()))
 }
 
-/// The raw producer baseline: reads every pending row, then sends them all at once with the relay's producer settings (but a long message timeout), keys and headers, and
+/// The raw producer baseline: reads every pending row, then sends them all at once with the
+/// relay's producer settings (but a long message timeout and 5 requests in flight), keys and headers, and
 /// waits for every acknowledgement. Nothing is marked. Returns the records acknowledged and
 /// the time from the first send to the last acknowledgement.
 pub async fn raw_produce(pool: &PgPool, outbox: &Outbox, config: &RelayConfig) -> Result<(usize, Duration)> {
@@ -39,9 +40,13 @@ pub async fn raw_produce(pool: &PgPool, outbox: &Outbox, config: &RelayConfig) -
     )))
     .fetch_all(pool)
     .await?;
-    // The relay's settings, except the message timeout: the whole backlog waits in
-    // librdkafka's queue at once here, while the relay never queues more than a batch.
-    let producer = publish::producer(&config.brokers, Duration::from_secs(600), &config.producer)?;
+    // The relay's settings, except two: a long message timeout, since the whole backlog
+    // waits in librdkafka's queue at once here while the relay never queues more than a
+    // batch; and 5 requests in flight per broker, the most the idempotent producer allows,
+    // since a raw client does not have to keep order on a broker that does not check it.
+    let mut settings = config.producer.clone();
+    settings.insert("max.in.flight.requests.per.connection".to_owned(), "5".to_owned());
+    let producer = publish::producer(&config.brokers, Duration::from_secs(600), &settings)?;
     let started = Instant::now();
     let deliveries = rows.iter().map(|row| {
         let record = FutureRecord::to(&row.topic)
