@@ -140,35 +140,39 @@ fn lock_key(names: &Names, aggregate_type: &str, aggregate_id: &str) -> String {
     )
 }
 
-/// One event's insert: the aggregate's lock first (the `locked` row feeds the insert),
-/// then the row, then the NOTIFY, all in one statement.
-pub(crate) fn insert_one_sql(names: &Names, notify: bool, lock_aggregates: bool) -> String {
+/// The shape both inserts share: the locks' CTE, the insert of `rows` (a `SELECT` of the
+/// nine event columns), the row count and the NOTIFY, in one statement.
+fn insert_statement(names: &Names, notify: bool, lock: &str, rows: &str) -> String {
     let notify = if notify { "pg_notify($10, '')" } else { "NULL" };
-    let (lock, from) = if lock_aggregates {
-        (
-            format!(
-                "locked AS (SELECT pg_advisory_xact_lock({}) AS l), ",
-                lock_key(names, "$2::text", "$3::text")
-            ),
-            " FROM locked",
-        )
-    } else {
-        (String::new(), "")
-    };
     format!(
         "WITH {lock}inserted AS ( \
            INSERT INTO {outbox} (event_id, aggregate_type, aggregate_id, aggregate_version, \
                                  event_type, schema_version, topic, payload, headers) \
-           SELECT $1::uuid, $2::text, $3::text, $4::bigint, $5::text, $6::int, $7::text, $8::text::json, \
-                  $9::text::jsonb{from} \
+           {rows} \
            RETURNING 1) \
          SELECT (SELECT count(*) FROM inserted), {notify}",
         outbox = names.outbox
     )
 }
 
+/// One event's insert, with scalar parameters: the aggregate's lock first (the `locked`
+/// row feeds the insert), then the row.
+pub(crate) fn insert_one_sql(names: &Names, notify: bool, lock_aggregates: bool) -> String {
+    let (lock, from) = if lock_aggregates {
+        let key = lock_key(names, "$2::text", "$3::text");
+        (format!("locked AS (SELECT pg_advisory_xact_lock({key}) AS l), "), " FROM locked")
+    } else {
+        (String::new(), "")
+    };
+    let rows = format!(
+        "SELECT $1::uuid, $2::text, $3::text, $4::bigint, $5::text, $6::int, $7::text, $8::text::json, \
+                $9::text::jsonb{from}"
+    );
+    insert_statement(names, notify, &lock, &rows)
+}
+
+/// A batch's insert, from one array per column.
 pub(crate) fn insert_sql(names: &Names, notify: bool, lock_aggregates: bool) -> String {
-    let notify = if notify { "pg_notify($10, '')" } else { "NULL" };
     // The aggregates' locks, in one order (sorted keys), before any row is inserted: the
     // scalar subquery in the INSERT's WHERE is evaluated first, once.
     let (lock, after_lock) = if lock_aggregates {
@@ -185,18 +189,13 @@ pub(crate) fn insert_sql(names: &Names, notify: bool, lock_aggregates: bool) -> 
     } else {
         (String::new(), "")
     };
-    format!(
-        "WITH {lock}inserted AS ( \
-           INSERT INTO {outbox} (event_id, aggregate_type, aggregate_id, aggregate_version, \
-                                 event_type, schema_version, topic, payload, headers) \
-           SELECT e, at, ai, av, et, sv, t, p::json, h::jsonb \
-           FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::int[], \
-                       $7::text[], $8::text[], $9::text[]) AS u(e, at, ai, av, et, sv, t, p, h) \
-           {after_lock} \
-           RETURNING 1) \
-         SELECT (SELECT count(*) FROM inserted), {notify}",
-        outbox = names.outbox
-    )
+    let rows = format!(
+        "SELECT e, at, ai, av, et, sv, t, p::json, h::jsonb \
+         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::int[], \
+                     $7::text[], $8::text[], $9::text[]) AS u(e, at, ai, av, et, sv, t, p, h) \
+         {after_lock}"
+    );
+    insert_statement(names, notify, &lock, &rows)
 }
 
 impl Outbox {

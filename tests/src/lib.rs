@@ -6,6 +6,8 @@ use outbox_runtime::Outbox;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+pub mod running;
+
 /// Runs the default outbox's and the order service's migrations on `pool`.
 pub async fn migrate(pool: &PgPool) -> Outbox {
     let outbox = Outbox::default_ref().clone();

@@ -5,53 +5,15 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use outbox_runtime::relay::{Relay, RelayConfig, RelayStats};
 use outbox_runtime::{AppendOptions, NewEvent, Outbox};
 use outbox_tests::kafka::{Kafka, Record};
+use outbox_tests::running::{quick, start};
 use outbox_tests::{eventually, migrate, rows_in, Step};
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use sqlx::PgPool;
-use std::sync::Arc;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const TOPIC: &str = "outbox-test-steps";
-
-/// Settings that keep tests quick: short leases, timeouts and backoff.
-fn quick(kafka: &Kafka) -> RelayConfig {
-    RelayConfig::new(kafka.bootstrap())
-        .poll_interval(Duration::from_millis(200))
-        .lease_ttl(Duration::from_secs(6))
-        .message_timeout(Duration::from_secs(2))
-        .backoff_base(Duration::from_millis(200))
-        .backoff_max(Duration::from_secs(2))
-}
-
-struct Running {
-    stop: CancellationToken,
-    task: JoinHandle<outbox_runtime::Result<()>>,
-    stats: Arc<RelayStats>,
-}
-
-impl Running {
-    async fn shutdown(self) {
-        self.stop.cancel();
-        tokio::time::timeout(Duration::from_secs(20), self.task)
-            .await
-            .expect("relay stops within 20 s")
-            .expect("relay task")
-            .expect("relay ends cleanly");
-    }
-}
-
-fn start(pool: &PgPool, outbox: &Outbox, config: RelayConfig) -> Running {
-    let relay = Relay::new(pool.clone(), outbox.clone(), config).expect("relay");
-    let stats = relay.stats();
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(relay.run(stop.clone()));
-    Running { stop, task, stats }
-}
 
 /// Appends steps 1..=n of aggregate `id` in one transaction; returns their event ids.
 async fn append_steps(pool: &PgPool, outbox: &Outbox, id: &str, n: i64, data: &str) -> Vec<Uuid> {

@@ -4,16 +4,15 @@
 //! first appearance, every aggregate's events come in version order with none skipped.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_runtime::relay::{Relay, RelayConfig, RelayStats};
+use outbox_runtime::relay::RelayConfig;
 use outbox_runtime::{AppendOptions, NewEvent, Outbox};
 use outbox_tests::kafka::{Kafka, Record};
+use outbox_tests::running::{quick, start};
 use outbox_tests::{eventually, migrate, rows_in, Step};
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 
 /// Where [`Step`] events go.
 const TOPIC: &str = "outbox-test-steps";
@@ -21,14 +20,7 @@ const TOPIC: &str = "outbox-test-steps";
 /// Small produce requests (10 records), so that one aggregate has several requests in
 /// flight at once: the case where a failure in the middle could leave a gap.
 fn windowed(kafka: &Kafka) -> RelayConfig {
-    RelayConfig::new(kafka.bootstrap())
-        .poll_interval(Duration::from_millis(200))
-        .lease_ttl(Duration::from_secs(6))
-        .message_timeout(Duration::from_secs(2))
-        .backoff_base(Duration::from_millis(100))
-        .backoff_max(Duration::from_secs(1))
-        .producer_setting("batch.num.messages", "10")
-        .producer_setting("linger.ms", "0")
+    quick(kafka).producer_setting("batch.num.messages", "10").producer_setting("linger.ms", "0")
 }
 
 /// Appends `per` events to each of `aggregates` aggregates, interleaved, versions 1..=per.
@@ -66,32 +58,6 @@ fn order_violations(records: &[Record]) -> Vec<(String, Vec<i64>)> {
         .into_iter()
         .filter(|(_, versions)| versions.iter().enumerate().any(|(i, v)| *v != i as i64 + 1))
         .collect()
-}
-
-struct Running {
-    stop: CancellationToken,
-    task: tokio::task::JoinHandle<outbox_runtime::Result<()>>,
-    stats: Arc<RelayStats>,
-}
-
-fn start(pool: &PgPool, outbox: &Outbox, config: RelayConfig) -> Running {
-    let relay = Relay::new(pool.clone(), outbox.clone(), config).expect("relay");
-    let stats = relay.stats();
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(relay.run(stop.clone()));
-    Running { stop, task, stats }
-}
-
-impl Running {
-    async fn shutdown(self) -> Arc<RelayStats> {
-        self.stop.cancel();
-        tokio::time::timeout(Duration::from_secs(20), self.task)
-            .await
-            .expect("relay stops within 20 s")
-            .expect("relay task")
-            .expect("relay ends cleanly");
-        self.stats
-    }
 }
 
 async fn published_count(pool: &PgPool) -> i64 {
