@@ -267,7 +267,7 @@ const RATIOS: &[(&str, &str, f64, bool)] = &[
     ("relay_vs_pg_mark", "relay events/s / claim+mark rows/s, no Kafka", f64::NAN, true),
     ("relay_vs_limit", "relay / min(raw producer, pg mark)", 0.7, true),
     ("claim_backlog_ratio", "claim time, large backlog / 10k backlog", 1.3, false),
-    ("notify_latency_vs_poll", "p99 created->published at 500/s / 1 s poll", 0.05, false),
+    ("notify_latency_vs_poll", "p99 created->published at 500/s / 1 s poll", 0.02, false),
     ("inbox_vs_raw", "inbox applies/s / raw consumer inserts/s, one per transaction", 0.7, true),
     ("inbox_vs_raw_batched", "the same, up to 100 per transaction", 0.7, true),
 ];

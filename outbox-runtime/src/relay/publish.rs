@@ -43,7 +43,9 @@ pub(crate) fn producer(
     config
         .set("bootstrap.servers", brokers)
         .set("message.timeout.ms", backstop(message_timeout).as_millis().to_string())
-        .set("linger.ms", "5")
+        // The relay hands a whole batch over at once: waiting for more only adds latency
+        // (created-to-published p50 went from 18 to 5 ms at 500 events/s with 0 instead of 5).
+        .set("linger.ms", "0")
         // One request in flight per broker: a retried request is resent before anything
         // behind it, whether or not the broker checks sequence numbers (see FIXED).
         .set("max.in.flight.requests.per.connection", "1")
