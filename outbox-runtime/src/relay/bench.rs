@@ -24,10 +24,13 @@ pub async fn claim_once(pool: &PgPool, outbox: &Outbox, limit: i64) -> Result<(u
     Ok((rows.len(), started.elapsed()))
 }
 
-/// The raw producer baseline: reads every pending row, then sends them all at once with the
-/// relay's producer settings (but a long message timeout and 5 requests in flight), keys and headers, and
-/// waits for every acknowledgement. Nothing is marked. Returns the records acknowledged and
-/// the time from the first send to the last acknowledgement.
+/// The raw producer baseline: the best of three ways a raw client sends every pending row
+/// with the relay's keys, headers and durability (acks=all, idempotent), nothing marked.
+/// All at once with 5 requests in flight (the most idempotence allows; a raw client need
+/// not keep order on a broker that does not check sequences), all at once with the relay's
+/// own settings, and in windows of the relay's batch size, each acknowledged before the
+/// next. Returns the records acknowledged and the time from the first send to the last
+/// acknowledgement of the fastest way; each way sends every row once more.
 pub async fn raw_produce(pool: &PgPool, outbox: &Outbox, config: &RelayConfig) -> Result<(usize, Duration)> {
     // Everything pending, in id order, with the columns the relay reads.
     let rows: Vec<Row> = sqlx::query_as(crate::table::sql(format!(
@@ -40,25 +43,31 @@ pub async fn raw_produce(pool: &PgPool, outbox: &Outbox, config: &RelayConfig) -
     )))
     .fetch_all(pool)
     .await?;
-    // The relay's settings, except two: a long message timeout, since the whole backlog
-    // waits in librdkafka's queue at once here while the relay never queues more than a
-    // batch; and 5 requests in flight per broker, the most the idempotent producer allows,
-    // since a raw client does not have to keep order on a broker that does not check it.
-    let mut settings = config.producer.clone();
-    settings.insert("max.in.flight.requests.per.connection".to_owned(), "5".to_owned());
-    let producer = publish::producer(&config.brokers, Duration::from_secs(600), &settings)?;
-    let started = Instant::now();
-    let deliveries = rows.iter().map(|row| {
-        let record = FutureRecord::to(&row.topic)
-            .key(row.aggregate_id.as_bytes())
-            .payload(row.payload.as_bytes())
-            .headers(publish::headers(row, &config.source));
-        producer.send(record, Duration::from_secs(60))
-    });
-    let results = join_all(deliveries).await;
-    let elapsed = started.elapsed();
-    let acked = results.iter().filter(|r| r.is_ok()).count();
-    Ok((acked, elapsed))
+    let mut five = config.producer.clone();
+    five.insert("max.in.flight.requests.per.connection".to_owned(), "5".to_owned());
+    let window = usize::try_from(config.batch_size).unwrap_or(usize::MAX).max(1);
+    let mut best: Option<(usize, Duration)> = None;
+    for (settings, window) in [(&five, rows.len().max(1)), (&config.producer, rows.len().max(1)), (&config.producer, window)] {
+        // A long message timeout: the whole backlog may wait in librdkafka's queue at once.
+        let producer = publish::producer(&config.brokers, Duration::from_secs(600), settings)?;
+        let started = Instant::now();
+        let mut acked = 0;
+        for chunk in rows.chunks(window) {
+            let deliveries = chunk.iter().map(|row| {
+                let record = FutureRecord::to(&row.topic)
+                    .key(row.aggregate_id.as_bytes())
+                    .payload(row.payload.as_bytes())
+                    .headers(publish::headers(row, &config.source));
+                producer.send(record, Duration::from_secs(60))
+            });
+            acked += join_all(deliveries).await.iter().filter(|r| r.is_ok()).count();
+        }
+        let elapsed = started.elapsed();
+        if best.is_none_or(|(_, fastest)| elapsed < fastest) {
+            best = Some((acked, elapsed));
+        }
+    }
+    Ok(best.unwrap_or_default())
 }
 
 /// The database baseline: marks every pending row published with the relay's own claim
