@@ -636,3 +636,97 @@ async fn a_batch_applies_in_one_transaction_and_a_poison_record_in_it_parks_alon
     assert_eq!(transactions[1], 118, "one record per transaction");
     assert!(transactions[0] <= 20, "batched: {} transactions for 118 records", transactions[0]);
 }
+
+/// Differential: the same generated records (repeated event ids, stale, skipped and
+/// missing versions, records without a subject, several accounts per batch) applied one
+/// per transaction and in batches come to the same outcomes, effects and aggregate rows.
+/// The batched run takes the set-based path (fewer transactions); `OUTBOX_TEST_SEED`
+/// replays a run.
+#[sqlx::test(migrations = false)]
+async fn batches_come_to_the_outcomes_records_one_by_one_come_to(pool: PgPool) {
+    let s = setup(&pool, 1).await;
+    let mut rng = outbox_tests::Rng::from_env("inbox_batches");
+    let mut sent: Vec<(Uuid, String, i64, Option<i64>)> = Vec::new();
+    let mut versions = [0i64; 5];
+    for amount in 1..=400 {
+        let (id, account, version) = match rng.range(0, 10) {
+            // The same event again.
+            0 if !sent.is_empty() => {
+                let (id, account, _, version) = sent[rng.range(0, sent.len() as u64) as usize].clone();
+                (id, account, version)
+            }
+            choice => {
+                let a = rng.range(0, 5) as usize;
+                let version = match choice {
+                    1 => Some((versions[a] - 1).max(1)), // stale (or the first)
+                    2 => None,
+                    3 => {
+                        versions[a] += 3; // a gap
+                        Some(versions[a])
+                    }
+                    _ => {
+                        versions[a] += 1;
+                        Some(versions[a])
+                    }
+                };
+                (Uuid::now_v7(), format!("acct-{a}"), version)
+            }
+        };
+        let subject = (amount % 17 != 0).then_some(account.as_str());
+        let record = RawRecord::text(
+            0,
+            &account,
+            &credit_payload(&account, amount),
+            &credit_headers(id, subject, version),
+        );
+        s.producer.send(&s.topic, &record);
+        sent.push((id, account, amount, version));
+    }
+    s.producer.flush();
+    let mut results = Vec::new();
+    for (consumer, batch) in [("one", 1), ("many", 100)] {
+        sqlx::query("TRUNCATE effects").execute(&pool).await.expect("truncate");
+        let running = start_with(&pool, s.config(consumer).batch_size(batch), Ledger::default()).await;
+        let stats = running.stats.clone();
+        let settled = eventually(Duration::from_secs(30), || async {
+            stats.applied() + stats.duplicates() + stats.stale() == 400
+        })
+        .await;
+        running.shutdown().await;
+        assert!(
+            settled,
+            "{consumer}: {} applied, {} duplicate, {} stale",
+            stats.applied(),
+            stats.duplicates(),
+            stats.stale()
+        );
+        let outcomes: Vec<(Uuid, String)> =
+            sqlx::query_as("SELECT event_id, outcome FROM inbox WHERE consumer = $1 ORDER BY event_id")
+                .bind(consumer)
+                .fetch_all(&pool)
+                .await
+                .expect("outcomes");
+        let aggregates: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+            "SELECT aggregate_id, last_version, gaps, stale FROM inbox_aggregates WHERE consumer = $1 ORDER BY 1",
+        )
+        .bind(consumer)
+        .fetch_all(&pool)
+        .await
+        .expect("aggregates");
+        let effects: Vec<(Uuid, i64)> =
+            sqlx::query_as("SELECT event_id, amount FROM effects ORDER BY kafka_offset")
+                .fetch_all(&pool)
+                .await
+                .expect("effects");
+        let counts = (stats.applied(), stats.duplicates(), stats.stale());
+        results.push((outcomes, aggregates, effects, counts, inbox_transactions(&pool, consumer).await));
+    }
+    let (one, many) = (&results[0], &results[1]);
+    eprintln!("counts (applied, duplicate, stale) {:?}; transactions: one {}, many {}", one.3, one.4, many.4);
+    assert_eq!(many.3, one.3, "the same counts");
+    assert_eq!(many.0, one.0, "the same outcome per event");
+    assert_eq!(many.1, one.1, "the same aggregate rows");
+    assert_eq!(many.2, one.2, "the same effects, in the same order");
+    assert!(one.3 .1 > 0 && one.3 .2 > 0, "the generator made duplicates and stale events: {:?}", one.3);
+    assert!(many.4 * 4 < one.4, "batched: {} transactions against {}", many.4, one.4);
+}

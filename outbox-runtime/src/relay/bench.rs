@@ -24,16 +24,9 @@ pub async fn claim_once(pool: &PgPool, outbox: &Outbox, limit: i64) -> Result<(u
     Ok((rows.len(), started.elapsed()))
 }
 
-/// The raw producer baseline: the best of three ways a raw client sends every pending row
-/// with the relay's keys, headers and durability (acks=all, idempotent), nothing marked.
-/// All at once with 5 requests in flight (the most idempotence allows; a raw client need
-/// not keep order on a broker that does not check sequences), all at once with the relay's
-/// own settings, and in windows of the relay's batch size, each acknowledged before the
-/// next. Returns the records acknowledged and the time from the first send to the last
-/// acknowledgement of the fastest way; each way sends every row once more.
-pub async fn raw_produce(pool: &PgPool, outbox: &Outbox, config: &RelayConfig) -> Result<(usize, Duration)> {
-    // Everything pending, in id order, with the columns the relay reads.
-    let rows: Vec<Row> = sqlx::query_as(crate::table::sql(format!(
+/// Every pending row, in id order, with the columns the relay reads.
+async fn pending_rows(pool: &PgPool, outbox: &Outbox) -> Result<Vec<Row>> {
+    Ok(sqlx::query_as(crate::table::sql(format!(
         "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type, \
                 o.schema_version, o.topic, o.payload::text AS payload, o.headers::text AS headers, \
                 to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS created_at, \
@@ -42,27 +35,62 @@ pub async fn raw_produce(pool: &PgPool, outbox: &Outbox, config: &RelayConfig) -
         outbox.names().outbox
     )))
     .fetch_all(pool)
-    .await?;
+    .await?)
+}
+
+/// Sends `rows` with the relay's keys and headers and these producer `settings`, `window`
+/// rows at a time, each window acknowledged before the next. Returns the records
+/// acknowledged and the time from the first send to the last acknowledgement.
+async fn send_rows(
+    rows: &[Row],
+    config: &RelayConfig,
+    settings: &std::collections::BTreeMap<String, String>,
+    window: usize,
+) -> Result<(usize, Duration)> {
+    // A long message timeout: the whole backlog may wait in librdkafka's queue at once.
+    let producer = publish::producer(&config.brokers, Duration::from_secs(600), settings)?;
+    let started = Instant::now();
+    let mut acked = 0;
+    for chunk in rows.chunks(window.max(1)) {
+        let deliveries = chunk.iter().map(|row| {
+            let record = FutureRecord::to(&row.topic)
+                .key(row.aggregate_id.as_bytes())
+                .payload(row.payload.as_bytes())
+                .headers(publish::headers(row, &config.source));
+            producer.send(record, Duration::from_secs(60))
+        });
+        acked += join_all(deliveries).await.iter().filter(|r| r.is_ok()).count();
+    }
+    Ok((acked, started.elapsed()))
+}
+
+/// Sends every pending row once, all at once, with the relay's producer settings but
+/// lingering 100 ms (input for the consumer benchmarks). Returns the records acknowledged.
+pub async fn produce_pending(pool: &PgPool, outbox: &Outbox, config: &RelayConfig) -> Result<usize> {
+    let rows = pending_rows(pool, outbox).await?;
+    // Large record batches: a consumer of the mock cluster gets one batch per fetch, so
+    // small ones would make the consumers measure the fetch round trip instead.
+    let mut settings = config.producer.clone();
+    settings.insert("linger.ms".to_owned(), "100".to_owned());
+    Ok(send_rows(&rows, config, &settings, rows.len()).await?.0)
+}
+
+/// The raw producer baseline: the best of three ways a raw client sends every pending row
+/// with the relay's keys, headers and durability (acks=all, idempotent), nothing marked.
+/// All at once with 5 requests in flight (the most idempotence allows; a raw client need
+/// not keep order on a broker that does not check sequences), all at once with the relay's
+/// own settings, and in windows of the relay's batch size, each acknowledged before the
+/// next. Returns the records acknowledged and the time of the fastest way; each way sends
+/// every row once more, so the topic ends up with three copies.
+pub async fn raw_produce(pool: &PgPool, outbox: &Outbox, config: &RelayConfig) -> Result<(usize, Duration)> {
+    let rows = pending_rows(pool, outbox).await?;
     let mut five = config.producer.clone();
     five.insert("max.in.flight.requests.per.connection".to_owned(), "5".to_owned());
-    let window = usize::try_from(config.batch_size).unwrap_or(usize::MAX).max(1);
+    let batch = usize::try_from(config.batch_size).unwrap_or(usize::MAX);
     let mut best: Option<(usize, Duration)> = None;
-    for (settings, window) in [(&five, rows.len().max(1)), (&config.producer, rows.len().max(1)), (&config.producer, window)] {
-        // A long message timeout: the whole backlog may wait in librdkafka's queue at once.
-        let producer = publish::producer(&config.brokers, Duration::from_secs(600), settings)?;
-        let started = Instant::now();
-        let mut acked = 0;
-        for chunk in rows.chunks(window) {
-            let deliveries = chunk.iter().map(|row| {
-                let record = FutureRecord::to(&row.topic)
-                    .key(row.aggregate_id.as_bytes())
-                    .payload(row.payload.as_bytes())
-                    .headers(publish::headers(row, &config.source));
-                producer.send(record, Duration::from_secs(60))
-            });
-            acked += join_all(deliveries).await.iter().filter(|r| r.is_ok()).count();
-        }
-        let elapsed = started.elapsed();
+    for (settings, window) in [(&five, rows.len()), (&config.producer, rows.len()), (&config.producer, batch)]
+    {
+        let (acked, elapsed) = send_rows(&rows, config, settings, window).await?;
         if best.is_none_or(|(_, fastest)| elapsed < fastest) {
             best = Some((acked, elapsed));
         }
