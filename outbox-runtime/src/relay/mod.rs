@@ -681,8 +681,12 @@ impl Relay {
                 let sent = self.delivered(delivery, deadline, purged).await;
                 match (&sent, broken) {
                     (Sent::Acked(placement), None) => {
+                        // An offset below 0 is unknown (librdkafka may report a retry the
+                        // broker recognised as a duplicate without one): nothing to compare.
                         if last.is_some_and(|l| {
-                            l.partition != placement.partition || l.offset >= placement.offset
+                            l.offset >= 0
+                                && placement.offset >= 0
+                                && (l.partition != placement.partition || l.offset >= placement.offset)
                         }) {
                             self.order_gap(row, "acknowledged out of partition order", last, *placement);
                         }
