@@ -61,10 +61,11 @@ async fn relays_killed_at_random_lose_nothing_and_keep_per_aggregate_order(pool:
 
 /// The same with 10 hot aggregates carrying every event: each batch sends every
 /// aggregate's events without waiting for each acknowledgement, and relays die with such
-/// windows in flight (20,000 events; 2,000 on Tansu).
+/// windows in flight (20,000 events; 6,000 on Tansu, where 2,000 drained in 1.2 s, before
+/// a third kill).
 #[sqlx::test(migrations = false)]
 async fn relays_killed_at_random_keep_hot_aggregates_in_order(pool: PgPool) {
-    kill_run(pool, 10, versions() * 20).await;
+    kill_run(pool, 10, (versions() * 20).max(600)).await;
 }
 
 async fn kill_run(pool: PgPool, aggregates: i64, versions: i64) {
