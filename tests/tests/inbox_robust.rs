@@ -311,6 +311,10 @@ async fn settings_that_cannot_work_are_refused_by_name(pool: PgPool) {
         (base().queue_per_partition(0), "queue_per_partition"),
         (base().operator_poll_interval(Duration::ZERO), "operator_poll_interval"),
         (base().dedup_retention(Some(Duration::ZERO)), "dedup_retention"),
+        (base().batch_size(0), "batch_size"),
+        (base().batch_size(10_001), "batch_size"),
+        (base().batch_wait(Duration::from_secs(2)), "batch_wait"),
+        (base().batch_timeout(Duration::ZERO), "batch_timeout"),
     ];
     for (config, setting) in cases {
         match Inbox::new(pool.clone(), config, Handlers::new()) {
@@ -319,6 +323,9 @@ async fn settings_that_cannot_work_are_refused_by_name(pool: PgPool) {
         }
     }
     Inbox::new(pool.clone(), base(), Handlers::new()).expect("the defaults are valid");
+    let edges =
+        base().batch_size(1).batch_wait(Duration::from_secs(1)).batch_timeout(Duration::from_millis(1));
+    Inbox::new(pool.clone(), edges, Handlers::new()).expect("the batch settings' bounds are valid");
 }
 
 /// A handler that never finishes for account `stuck`, and fails transiently for ever for
