@@ -192,7 +192,7 @@ pub(crate) fn container(cx: &mut Ctxt, attrs: &[Attribute]) -> Container {
                     skip_value(&meta)?;
                 }
                 _ => {
-                    cx.error_spanned_by(&meta.path, format!("unknown outbox attribute `{key}`"));
+                    cx.error_spanned_by(&meta.path, unknown_key(&key, CONTAINER_KEYS));
                     skip_value(&meta)?;
                 }
             }
@@ -235,7 +235,7 @@ pub(crate) fn field(cx: &mut Ctxt, attrs: &[Attribute]) -> Field {
                     skip_value(&meta)?;
                 }
                 _ => {
-                    cx.error_spanned_by(&meta.path, format!("unknown outbox attribute `{key}`"));
+                    cx.error_spanned_by(&meta.path, unknown_key(&key, FIELD_KEYS));
                     skip_value(&meta)?;
                 }
             }
@@ -246,4 +246,65 @@ pub(crate) fn field(cx: &mut Ctxt, attrs: &[Attribute]) -> Field {
         }
     }
     out
+}
+
+/// "unknown outbox attribute `even_type`; did you mean `event_type`?", or the keys that
+/// belong where it was written when none is close.
+fn unknown_key(key: &str, keys: &[&str]) -> String {
+    let closest =
+        keys.iter().map(|k| (edit_distance(key, k), *k)).filter(|(d, k)| *d <= (k.len() / 3).max(1)).min();
+    match closest {
+        Some((_, k)) => format!("unknown outbox attribute `{key}`; did you mean `{k}`?"),
+        None => {
+            let list: Vec<String> = keys.iter().map(|k| format!("`{k}`")).collect();
+            format!("unknown outbox attribute `{key}`; expected {}", list.join(", "))
+        }
+    }
+}
+
+/// Levenshtein distance, by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (row[j + 1] + 1).min(row[j] + 1).min(diagonal + usize::from(ca != *cb));
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_typo_is_answered_with_the_closest_key() {
+        assert_eq!(edit_distance("even_type", "event_type"), 1);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("topic", "topic"), 0);
+        assert_eq!(
+            unknown_key("even_type", CONTAINER_KEYS),
+            "unknown outbox attribute `even_type`; did you mean `event_type`?"
+        );
+        assert_eq!(
+            unknown_key("schema_verison", CONTAINER_KEYS),
+            "unknown outbox attribute `schema_verison`; did you mean `schema_version`?"
+        );
+        assert_eq!(
+            unknown_key("aggregate_di", FIELD_KEYS),
+            "unknown outbox attribute `aggregate_di`; did you mean `aggregate_id`?"
+        );
+        assert_eq!(
+            unknown_key("colour", CONTAINER_KEYS),
+            "unknown outbox attribute `colour`; expected `event_type`, `schema_version`, `aggregate`, `topic`, `crate`"
+        );
+        // One letter off a three-letter key is a suggestion; a different word is not.
+        assert!(unknown_key("topix", CONTAINER_KEYS).ends_with("did you mean `topic`?"));
+        assert!(!unknown_key("key", FIELD_KEYS).contains("did you mean"));
+    }
 }

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
@@ -199,8 +199,10 @@ pub(crate) fn insert_sql(names: &Names, notify: bool, lock_aggregates: bool) -> 
 }
 
 impl Outbox {
-    /// Appends `event` on `conn`, normally the caller's open transaction: it commits or
-    /// rolls back with the business change. Returns the event id.
+    /// Appends `event` in `tx`, the caller's open transaction: it commits or rolls back
+    /// with the business change. Returns the event id. It takes a transaction, not a
+    /// connection, so that an event cannot be appended in autocommit and outlive a
+    /// business change that is later rolled back.
     ///
     /// Events of one aggregate are published in the order of their appends, so appends of
     /// one aggregate must not race: lock the aggregate first (the conditional
@@ -216,20 +218,24 @@ impl Outbox {
     /// tx.commit().await?;
     /// # Ok(()) }
     /// ```
-    pub async fn append<E: OutboxEvent>(&self, conn: &mut PgConnection, event: &E) -> Result<Uuid> {
-        self.append_with(conn, event, AppendOptions::default()).await
+    pub async fn append<E: OutboxEvent>(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        event: &E,
+    ) -> Result<Uuid> {
+        self.append_with(tx, event, AppendOptions::default()).await
     }
 
     /// [`Outbox::append`] with an aggregate version, extra headers or a given event id.
     pub async fn append_with<E: OutboxEvent>(
         &self,
-        conn: &mut PgConnection,
+        tx: &mut Transaction<'_, Postgres>,
         event: &E,
         options: AppendOptions,
     ) -> Result<Uuid> {
         let event = NewEvent::new(event, options)?;
         let id = event.event_id;
-        self.append_batch(conn, std::slice::from_ref(&event)).await?;
+        self.append_batch(tx, std::slice::from_ref(&event)).await?;
         Ok(id)
     }
 
@@ -238,7 +244,26 @@ impl Outbox {
     /// [`Error::Backpressure`] only when every event in it is non-critical: a batch holding a
     /// critical event is appended whole. Each aggregate's lock is taken first, in one fixed
     /// order (see [`OutboxConfig::lock_aggregates`](crate::OutboxConfig::lock_aggregates)).
-    pub async fn append_batch(&self, conn: &mut PgConnection, events: &[NewEvent]) -> Result<()> {
+    ///
+    /// Before the outbox's migrations have run, it fails with [`Error::NotMigrated`].
+    pub async fn append_batch(&self, tx: &mut Transaction<'_, Postgres>, events: &[NewEvent]) -> Result<()> {
+        self.insert(tx, events).await.map_err(|e| self.not_migrated(e))
+    }
+
+    /// A missing outbox table, said as such (PostgreSQL says `relation ... does not exist`
+    /// and points into the statement).
+    fn not_migrated(&self, error: Error) -> Error {
+        match &error {
+            Error::Database(db)
+                if db.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "42P01") =>
+            {
+                Error::NotMigrated { table: self.names().outbox.clone() }
+            }
+            _ => error,
+        }
+    }
+
+    async fn insert(&self, conn: &mut PgConnection, events: &[NewEvent]) -> Result<()> {
         let max = self.config().max_record_bytes;
         if let Some(big) = events.iter().find(|e| e.record_bytes > max) {
             return Err(Error::RecordTooLarge {
@@ -292,8 +317,18 @@ impl Outbox {
     }
 }
 
-/// Appends `event` to the default outbox (`public.outbox`) on `conn`, normally the
-/// caller's open transaction. See [`Outbox::append`].
-pub async fn append<E: OutboxEvent>(conn: &mut PgConnection, event: &E) -> Result<Uuid> {
-    Outbox::default_ref().append(conn, event).await
+/// Appends `event` to the default outbox (`public.outbox`) in `tx`, the caller's open
+/// transaction. See [`Outbox::append`].
+///
+/// A pooled connection in autocommit is refused at compile time, since an event appended
+/// there would be committed at once, whatever becomes of the business change:
+///
+/// ```compile_fail
+/// # async fn f(pool: sqlx::PgPool, event: impl outbox_runtime::OutboxEvent) {
+/// let mut conn = pool.acquire().await.unwrap();
+/// outbox_runtime::append(&mut conn, &event).await.unwrap();
+/// # }
+/// ```
+pub async fn append<E: OutboxEvent>(tx: &mut Transaction<'_, Postgres>, event: &E) -> Result<Uuid> {
+    Outbox::default_ref().append(tx, event).await
 }

@@ -67,13 +67,22 @@ pub enum Error {
     /// worker panicked, or the Kafka consumer failed in a way it cannot recover from.
     #[error("inbox stopped: {0}")]
     Inbox(String),
+    /// The outbox's table does not exist: its migrations have not run on this database.
+    #[error("table {table} does not exist: run the outbox's migrations first (`outbox.migrator().run(&pool)`, or `outbox migrate`)")]
+    NotMigrated {
+        /// The table, as `"schema"."table"`.
+        table: String,
+    },
     /// A PostgreSQL error.
+    #[cfg(feature = "runtime")]
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
     /// Running the migrations failed.
+    #[cfg(feature = "runtime")]
     #[error("migration: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     /// A Kafka client error (creating the producer, for instance).
+    #[cfg(feature = "runtime")]
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
 }
@@ -83,6 +92,7 @@ impl Error {
     /// database) as opposed to an error that repeats until something is changed.
     pub fn is_transient(&self) -> bool {
         match self {
+            #[cfg(feature = "runtime")]
             Error::Database(e) => {
                 matches!(
                     e,
@@ -97,7 +107,9 @@ impl Error {
                     matches!(code.as_ref(), "40001" | "40P01" | "57P01" | "57P03" | "53300" | "55P03")
                 })
             }
-            Error::Kafka(_) | Error::Backpressure { .. } => true,
+            #[cfg(feature = "runtime")]
+            Error::Kafka(_) => true,
+            Error::Backpressure { .. } => true,
             _ => false,
         }
     }

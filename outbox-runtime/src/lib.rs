@@ -50,35 +50,62 @@
 #[allow(unused_extern_crates)]
 extern crate self as outbox_runtime;
 
+#[cfg(feature = "runtime")]
 mod append;
+#[cfg(feature = "runtime")]
 mod capacity;
+#[cfg(feature = "runtime")]
 mod cleanup;
 #[cfg(feature = "cli")]
 pub mod cli;
 mod error;
 mod event;
+#[cfg(feature = "runtime")]
 pub mod inbox;
+#[cfg(feature = "runtime")]
 mod kafka_settings;
+#[cfg(feature = "runtime")]
 pub mod metrics;
+#[cfg(feature = "runtime")]
 mod migrate;
+#[cfg(feature = "runtime")]
 pub mod ops;
+#[cfg(feature = "runtime")]
 mod outbox;
 pub mod registry;
+#[cfg(feature = "runtime")]
 pub mod relay;
 pub mod schema;
+#[cfg(feature = "runtime")]
 mod secrets;
 #[cfg(feature = "signal")]
 pub mod signal;
+#[cfg(feature = "runtime")]
 mod table;
 #[cfg(feature = "typegen")]
 pub mod typegen;
+#[cfg(feature = "xtask")]
+pub mod xtask;
 
+#[cfg(feature = "runtime")]
 pub use append::{append, AppendOptions, NewEvent, RESERVED_HEADER_BYTES};
 pub use error::{Error, Result};
 pub use event::OutboxEvent;
+#[cfg(feature = "runtime")]
 pub use outbox::{Capacity, Outbox, OutboxConfig};
 #[cfg(feature = "derive")]
 pub use outbox_macros::OutboxEvent;
+
+// The versions this crate is built against, so that a user's code names the same ones
+// (`outbox_runtime::sqlx::PgPool`, `outbox_runtime::rdkafka::ClientConfig`): a second
+// version of either in a build would not interoperate with this crate's types.
+#[cfg(feature = "runtime")]
+pub use rdkafka;
+#[cfg(feature = "runtime")]
+pub use sqlx;
+/// The cancellation token [`relay::Relay::run`] and the inbox stop on (tokio-util's).
+#[cfg(feature = "runtime")]
+pub use tokio_util::sync::CancellationToken;
 
 /// Implementation details used by code that `#[derive(OutboxEvent)]` generates. Not public
 /// API: anything here may change in any release.

@@ -361,3 +361,30 @@ async fn single_and_batch_appends_to_one_aggregate_wait_for_each_other(pool: PgP
         sqlx::query("TRUNCATE outbox").execute(&pool).await.expect("truncate");
     }
 }
+
+#[sqlx::test(migrations = false)]
+async fn appending_before_the_migrations_names_the_table_and_what_to_run(pool: PgPool) {
+    // Before: `relation "public.outbox" does not exist at line 1371`, a Database error.
+    let outbox = Outbox::new(OutboxConfig::default().schema("billing").table("events")).expect("outbox");
+    for batch in [1, 3] {
+        let events: Vec<NewEvent> = (0..batch)
+            .map(|i| {
+                NewEvent::new(&Blob { id: i, data: "x".into() }, AppendOptions::default()).expect("event")
+            })
+            .collect();
+        let mut tx = pool.begin().await.expect("begin");
+        let err = outbox.append_batch(&mut tx, &events).await.expect_err("no table");
+        assert!(matches!(&err, Error::NotMigrated { table } if table == "\"billing\".\"events\""), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "table \"billing\".\"events\" does not exist: run the outbox's migrations first \
+             (`outbox.migrator().run(&pool)`, or `outbox migrate`)"
+        );
+        assert!(!err.is_transient());
+    }
+    // Once migrated, the same append goes in.
+    outbox.migrator().run(&pool).await.expect("migrate");
+    let mut tx = pool.begin().await.expect("begin");
+    outbox.append(&mut tx, &Blob { id: 1, data: "x".into() }).await.expect("append");
+    tx.commit().await.expect("commit");
+}

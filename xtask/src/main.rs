@@ -14,8 +14,6 @@ mod broker;
 mod chaos;
 mod demo;
 mod fuzz;
-mod schema;
-mod typegen;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "Chores of the outbox workspace", version)]
@@ -26,9 +24,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Event JSON Schemas: generate, check, compare.
-    #[command(subcommand)]
-    Schema(schema::SchemaCommand),
+    /// `schema generate | check | compat` and `typegen`, as every project gets them from
+    /// `outbox_runtime::xtask`.
+    #[command(flatten)]
+    Contracts(outbox_runtime::xtask::Command),
     /// Hosts a development Kafka broker (librdkafka's mock cluster) until Ctrl-C.
     Broker(broker::BrokerArgs),
     /// Runs the whole path once: order service -> outbox -> relay -> Kafka -> inbox -> projection.
@@ -40,8 +39,6 @@ enum Command {
     Fuzz(fuzz::FuzzCommand),
     /// Benchmarks: the outbox's costs as ratios against baselines measured in the same run.
     Bench(bench::BenchArgs),
-    /// Generates consumer types from the committed schemas (or checks them with --check).
-    Typegen(typegen::TypegenArgs),
 }
 
 /// Recreates database `name` on the server of `base_url` (dropping it first); returns its URL.
@@ -68,11 +65,13 @@ pub(crate) fn project_root() -> PathBuf {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Schema(cmd) => schema::run(cmd),
+        Command::Contracts(cmd) => outbox_runtime::xtask::Xtask::new()
+            .root(project_root())
+            .typegen_out("examples/src/consumer_types.rs")
+            .run(cmd),
         Command::Broker(args) => broker::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Chaos(args) => chaos::run(args),
-        Command::Typegen(args) => typegen::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Fuzz(cmd) => fuzz::run(cmd),
     }

@@ -3,8 +3,8 @@
 //! Users commit `schemas/<event_type>/v<schema_version>.json` for every registered event
 //! ([`generate`]) and fail CI when the code no longer matches them in an incompatible way
 //! ([`check`]). [`compare`] judges two schemas as writer and reader (see [`compat`]).
-//! `cargo xtask schema ...` in this repository is a thin command line over these functions;
-//! a user's own xtask can call them the same way.
+//! [`crate::xtask`] (feature `xtask`) is the command line over these functions, for this
+//! repository's `cargo xtask schema ...` and for yours.
 
 pub mod compat;
 mod document;
@@ -13,5 +13,6 @@ mod repo;
 pub use compat::{compare, compare_transitive, Direction, Incompatibility, Mode, Report, Rule};
 pub use document::{InputError, SchemaDoc};
 pub use repo::{
-    check, document, generate, render, schema_path, CheckReport, FileStatus, GenerateError, Problem,
+    check, check_with, document, generate, render, schema_path, CheckOptions, CheckReport, FileStatus,
+    GenerateError, Problem,
 };

@@ -83,6 +83,9 @@ pub enum GenerateError {
     /// The schemas contradict each other or the committed files; the report says how.
     #[error("{0}")]
     Refused(CheckReport),
+    /// No event is registered: nothing would be generated (see [`Problem::NoEvents`]).
+    #[error("{}", Problem::NoEvents)]
+    NoEvents,
     /// A file could not be written.
     #[error("{path}: cannot write: {error}")]
     Write {
@@ -103,6 +106,9 @@ pub fn generate(
     events: &[&EventDescriptor],
     force: bool,
 ) -> Result<Vec<FileStatus>, GenerateError> {
+    if events.is_empty() {
+        return Err(GenerateError::NoEvents);
+    }
     let mut refusals = CheckReport::default();
     refusals.problems.extend(duplicates(events));
     let mut plan = Vec::new();
@@ -204,6 +210,18 @@ pub enum Problem {
     BadFile(InputError),
     /// A `.json` file whose place does not follow `<event_type>/v<N>.json`.
     UnexpectedFile(PathBuf),
+    /// No event is registered at all: the crate that defines the events is not linked
+    /// into the binary that checks them, so there would be nothing to check.
+    NoEvents,
+    /// The registered events are not the ones [`CheckOptions`] pins.
+    Unexpected {
+        /// How many event types [`CheckOptions::expect_events`] asks for, if it does.
+        expected_count: Option<usize>,
+        /// How many event types are registered.
+        registered: usize,
+        /// Event types [`CheckOptions::expect_types`] names that no registered type has.
+        missing: Vec<String>,
+    },
 }
 
 impl fmt::Display for Problem {
@@ -246,6 +264,22 @@ impl fmt::Display for Problem {
                 rust_types.join(", ")
             ),
             Problem::BadFile(err) => write!(f, "{err}"),
+            Problem::NoEvents => write!(
+                f,
+                "no events are registered, so there is nothing to check: link the crate that defines them into this binary \
+                 (`use my_events as _;` in the xtask's main.rs, with the crate in its [dependencies]); \
+                 a check of zero events would pass whatever the schemas say"
+            ),
+            Problem::Unexpected { expected_count, registered, missing } => {
+                write!(f, "{registered} event type(s) are registered")?;
+                if let Some(n) = expected_count {
+                    write!(f, ", {n} expected (--expect-events)")?;
+                }
+                if !missing.is_empty() {
+                    write!(f, "; not registered: {} (--expect-type)", missing.join(", "))?;
+                }
+                write!(f, "; is every crate that defines events linked into this binary?")
+            }
             Problem::UnexpectedFile(path) => write!(
                 f,
                 "{}: unexpected file; committed schemas live at <event_type>/v<schema_version>.json",
@@ -271,6 +305,42 @@ impl CheckReport {
     /// No problem was found.
     pub fn is_ok(&self) -> bool {
         self.problems.is_empty()
+    }
+
+    /// Whether a problem is in the input rather than in the schemas: a file that is not a
+    /// schema, or no (or not the expected) events to check. `cargo xtask schema check`
+    /// exits 2 then, and 1 for the other problems.
+    pub fn is_bad_input(&self) -> bool {
+        self.problems
+            .iter()
+            .any(|p| matches!(p, Problem::BadFile(_) | Problem::NoEvents | Problem::Unexpected { .. }))
+    }
+}
+
+/// What [`check_with`] requires beyond the committed files matching the code.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct CheckOptions {
+    expect_events: Option<usize>,
+    expect_types: Vec<String>,
+}
+
+impl CheckOptions {
+    /// Nothing pinned: any non-empty set of registered events is checked.
+    pub fn new() -> Self {
+        CheckOptions::default()
+    }
+
+    /// Exactly this many event types (distinct `event_type`s) must be registered.
+    pub fn expect_events(mut self, count: impl Into<Option<usize>>) -> Self {
+        self.expect_events = count.into();
+        self
+    }
+
+    /// Each of these event types must be registered.
+    pub fn expect_types<S: Into<String>>(mut self, types: impl IntoIterator<Item = S>) -> Self {
+        self.expect_types = types.into_iter().map(Into::into).collect();
+        self
     }
 }
 
@@ -376,9 +446,29 @@ fn committed_versions(dir: &Path, report: &mut CheckReport) -> BTreeMap<String, 
 }
 
 /// Checks the committed schemas under `dir` against `events` (usually
-/// [`crate::registry::events`]).
+/// [`crate::registry::events`]). No events at all is a problem ([`Problem::NoEvents`]):
+/// it means the crate defining them is not linked, and the check would prove nothing.
 pub fn check(dir: &Path, events: &[&EventDescriptor]) -> CheckReport {
+    check_with(dir, events, &CheckOptions::new())
+}
+
+/// [`check`], also requiring the registered events to be the ones `options` pins.
+pub fn check_with(dir: &Path, events: &[&EventDescriptor], options: &CheckOptions) -> CheckReport {
     let mut report = CheckReport::default();
+    if events.is_empty() {
+        report.problems.push(Problem::NoEvents);
+        return report;
+    }
+    let types: BTreeSet<&str> = events.iter().map(|e| e.event_type).collect();
+    let missing: Vec<String> =
+        options.expect_types.iter().filter(|t| !types.contains(t.as_str())).cloned().collect();
+    if options.expect_events.is_some_and(|n| n != types.len()) || !missing.is_empty() {
+        report.problems.push(Problem::Unexpected {
+            expected_count: options.expect_events,
+            registered: types.len(),
+            missing,
+        });
+    }
     report.problems.extend(duplicates(events));
     let committed = committed_versions(dir, &mut report);
 

@@ -199,12 +199,56 @@ fn files_outside_the_layout_are_reported() {
     assert!(matches!(only_problem(&report), Problem::UnexpectedFile(_)), "{report}");
 }
 
+/// Another event type, for checks where `parcel.sent` is retired.
+#[derive(Serialize, JsonSchema, OutboxEvent)]
+#[outbox(event_type = "parcel.lost", schema_version = 1, aggregate = "parcel", topic = "parcels")]
+struct ParcelLost {
+    #[outbox(aggregate_id)]
+    parcel_id: u64,
+}
+
 #[test]
 fn schemas_of_retired_event_types_are_kept_with_a_note() {
     let dir = tmp();
-    generate(dir.path(), &[&d::<ParcelSent>("ParcelSent")], false).expect("generate");
-    let report = check(dir.path(), &[]);
+    let lost = d::<ParcelLost>("ParcelLost");
+    generate(dir.path(), &[&d::<ParcelSent>("ParcelSent"), &lost], false).expect("generate");
+    let report = check(dir.path(), &[&lost]);
     assert!(report.is_ok(), "{report}");
     assert_eq!(report.notes.len(), 1, "{report}");
     assert!(report.notes[0].contains("parcel.sent"), "{report}");
+}
+
+#[test]
+fn no_registered_events_is_bad_input_not_a_pass() {
+    // Before: `check(dir, &[])` said "schemas ok: 0 event schema(s)" whatever the files held.
+    let dir = tmp();
+    generate(dir.path(), &[&d::<ParcelSent>("ParcelSent")], false).expect("generate");
+    let report = check(dir.path(), &[]);
+    assert!(matches!(only_problem(&report), Problem::NoEvents), "{report}");
+    assert!(report.is_bad_input(), "{report}");
+    assert!(report.to_string().contains("link the crate that defines them"), "{report}");
+    assert!(matches!(generate(dir.path(), &[], false), Err(GenerateError::NoEvents)));
+}
+
+#[test]
+fn pinned_events_must_all_be_registered() {
+    let dir = tmp();
+    let sent = d::<ParcelSent>("ParcelSent");
+    let v2 = d::<ParcelSentV2>("ParcelSentV2");
+    let lost = d::<ParcelLost>("ParcelLost");
+    generate(dir.path(), &[&sent, &v2, &lost], false).expect("generate");
+    // Two versions of parcel.sent count once.
+    let all = CheckOptions::new().expect_events(2).expect_types(["parcel.sent", "parcel.lost"]);
+    assert!(check_with(dir.path(), &[&sent, &v2, &lost], &all).is_ok());
+    let report = check_with(dir.path(), &[&sent, &v2], &all);
+    match only_problem(&report) {
+        Problem::Unexpected { expected_count, registered, missing } => {
+            assert_eq!((*expected_count, *registered), (Some(2), 1));
+            assert_eq!(missing, &["parcel.lost".to_owned()]);
+        }
+        other => panic!("{other}"),
+    }
+    assert!(report.is_bad_input(), "{report}");
+    // Unpinned, the same events pass (parcel.lost's file is a retired type's, noted).
+    assert!(check(dir.path(), &[&sent, &v2]).is_ok());
 }

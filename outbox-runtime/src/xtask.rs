@@ -1,0 +1,327 @@
+//! Your project's own `cargo xtask` for event contracts (feature `xtask`).
+//!
+//! The same `schema generate | check | compat` and `typegen` commands, flags, messages and
+//! exit codes as this repository's `cargo xtask`, which is built on this module. In a
+//! workspace member named `xtask` (with `outbox-runtime` as a dependency, features
+//! `["xtask"]`, and the crate that defines your events):
+//!
+//! ```no_run
+//! use my_events as _; // link the crate whose events `#[derive(OutboxEvent)]` registers
+//! fn main() -> std::process::ExitCode {
+//!     outbox_runtime::xtask::main()
+//! }
+//! # mod my_events {}
+//! ```
+//!
+//! and the alias in `.cargo/config.toml`:
+//!
+//! ```toml
+//! [alias]
+//! xtask = "run --package xtask --"
+//! ```
+//!
+//! Then `cargo xtask schema generate` writes `schemas/<event_type>/v<N>.json` at the root
+//! of the workspace, `cargo xtask schema check` is the CI step, and
+//! `cargo xtask typegen --out consumer/src/events.rs` writes consumer types.
+//!
+//! Exit codes: 0 when all is well; 1 when the schemas and the code disagree (an
+//! incompatible change, a missing or stale file) or, for `compat`, when the schemas are
+//! incompatible; 2 on bad input: a file that is not a schema, or no registered events at
+//! all (the events crate is not linked), or not the events `--expect-events` /
+//! `--expect-type` pin.
+//!
+//! A binary with more commands of its own embeds [`Command`] with `#[command(flatten)]`
+//! and hands it to [`Xtask::run`].
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+pub use clap;
+use clap::{Args, Parser, Subcommand};
+
+use crate::registry::{self, EventDescriptor};
+use crate::schema::{self, CheckOptions, FileStatus, GenerateError, Mode, SchemaDoc};
+use crate::typegen::{write_or_check, Status};
+
+/// The contract commands: `schema ...` and `typegen`.
+#[derive(Debug, Subcommand)]
+#[non_exhaustive]
+pub enum Command {
+    /// Event JSON Schemas: generate, check, compare.
+    #[command(subcommand)]
+    Schema(SchemaCommand),
+    /// Generates consumer types from the committed schemas (or checks them with --check).
+    Typegen(TypegenArgs),
+}
+
+/// `schema generate | check | compat`.
+#[derive(Debug, Subcommand)]
+#[non_exhaustive]
+pub enum SchemaCommand {
+    /// Writes schemas/<event_type>/v<schema_version>.json for every registered event.
+    Generate {
+        /// The schemas directory [default: <workspace>/schemas].
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Overwrite committed files even with a schema that is not FULL compatible.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Fails (exit 1) when the committed schemas do not match the code; exit 2 on a bad
+    /// file, or when no events (or not the expected ones) are registered.
+    Check {
+        /// The schemas directory [default: <workspace>/schemas].
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Exit 2 unless exactly N distinct event types are registered (all versions of
+        /// one event type count once).
+        #[arg(long, value_name = "N")]
+        expect_events: Option<usize>,
+        /// Exit 2 unless this event type is registered (repeat it to pin several).
+        #[arg(long = "expect-type", value_name = "EVENT_TYPE")]
+        expect_types: Vec<String>,
+    },
+    /// Exit 0 when NEW is compatible with OLD in MODE, 1 when not, 2 on bad input.
+    Compat {
+        /// The old schema file.
+        old: PathBuf,
+        /// The new schema file.
+        new: PathBuf,
+        /// backward: new reads old; forward: old reads new; full: both.
+        #[arg(long, default_value = "full", value_parser = parse_mode)]
+        mode: Mode,
+    },
+}
+
+/// `typegen [--schemas DIR] [--out FILE] [--check]`.
+#[derive(Debug, Args)]
+#[non_exhaustive]
+pub struct TypegenArgs {
+    /// The committed schemas [default: <workspace>/schemas].
+    #[arg(long)]
+    pub schemas: Option<PathBuf>,
+    /// The generated Rust file (required unless the xtask sets a default).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Only check: exit 1 when the file is stale.
+    #[arg(long)]
+    pub check: bool,
+}
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Event contracts: JSON Schemas and consumer types", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+fn parse_mode(s: &str) -> Result<Mode, String> {
+    s.parse::<Mode>().map_err(|e| e.to_string())
+}
+
+/// Runs the contract commands on the process's arguments, with the defaults of
+/// [`Xtask::new`].
+pub fn main() -> ExitCode {
+    Xtask::new().main()
+}
+
+/// The contract commands with a project's defaults.
+#[derive(Debug, Clone, Default)]
+pub struct Xtask {
+    root: Option<PathBuf>,
+    typegen_out: Option<PathBuf>,
+}
+
+impl Xtask {
+    /// Defaults: the root is the Cargo workspace around the running xtask (see
+    /// [`Xtask::root`]), schemas live in `<root>/schemas`, and `typegen` needs `--out`.
+    pub fn new() -> Self {
+        Xtask::default()
+    }
+
+    /// The project root, under which `schemas/` lives. Default: the nearest directory at
+    /// or above the xtask package (`CARGO_MANIFEST_DIR`, which `cargo run` sets) or, failing
+    /// that, the current directory, whose `Cargo.toml` has a `[workspace]` table.
+    pub fn root(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.root = Some(dir.into());
+        self
+    }
+
+    /// The file `typegen` writes when `--out` is not given, relative to the root unless
+    /// absolute.
+    pub fn typegen_out(mut self, file: impl Into<PathBuf>) -> Self {
+        self.typegen_out = Some(file.into());
+        self
+    }
+
+    /// Parses the process's arguments and runs the command; prints clap's usage (exit 2)
+    /// on bad arguments.
+    pub fn main(&self) -> ExitCode {
+        let cli = Cli::parse();
+        self.run(cli.command)
+    }
+
+    /// Runs one command on the registered events ([`registry::events`]).
+    pub fn run(&self, command: Command) -> ExitCode {
+        self.run_on(command, &registry::events())
+    }
+
+    /// Runs one command on the given events instead of the registered ones.
+    pub fn run_on(&self, command: Command, events: &[&EventDescriptor]) -> ExitCode {
+        match command {
+            Command::Schema(SchemaCommand::Generate { dir, force }) => {
+                generate(&self.schemas(dir), events, force)
+            }
+            Command::Schema(SchemaCommand::Check { dir, expect_events, expect_types }) => {
+                let options = CheckOptions::new().expect_events(expect_events).expect_types(expect_types);
+                check(&self.schemas(dir), events, &options)
+            }
+            Command::Schema(SchemaCommand::Compat { old, new, mode }) => compat(&old, &new, mode),
+            Command::Typegen(args) => self.typegen(args),
+        }
+    }
+
+    fn project_root(&self) -> PathBuf {
+        if let Some(root) = &self.root {
+            return root.clone();
+        }
+        let start = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map(PathBuf::from)
+            .or_else(|| std::env::current_dir().ok())
+            .unwrap_or_else(|| PathBuf::from("."));
+        workspace_root(&start).unwrap_or(start)
+    }
+
+    fn schemas(&self, dir: Option<PathBuf>) -> PathBuf {
+        dir.unwrap_or_else(|| self.project_root().join("schemas"))
+    }
+
+    fn typegen(&self, args: TypegenArgs) -> ExitCode {
+        let root = self.project_root();
+        let schemas = args.schemas.unwrap_or_else(|| root.join("schemas"));
+        let Some(out) = args.out.or_else(|| self.typegen_out.as_ref().map(|out| root.join(out))) else {
+            eprintln!("error: typegen needs --out FILE: the Rust file to write the consumer types to");
+            return ExitCode::from(2);
+        };
+        match write_or_check(&schemas, &out, args.check) {
+            Ok(Status::UpToDate) => {
+                println!("{} is up to date", out.display());
+                ExitCode::SUCCESS
+            }
+            Ok(Status::Written) => {
+                println!("wrote {}", out.display());
+                ExitCode::SUCCESS
+            }
+            Ok(Status::Stale { hint }) => {
+                eprintln!("error: {hint}");
+                ExitCode::from(1)
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        }
+    }
+}
+
+/// The nearest directory at or above `start` whose `Cargo.toml` declares `[workspace]`.
+fn workspace_root(start: &Path) -> Option<PathBuf> {
+    start.ancestors().find_map(|dir| {
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).ok()?;
+        manifest.lines().any(|line| line.trim() == "[workspace]").then(|| dir.to_owned())
+    })
+}
+
+fn generate(dir: &Path, events: &[&EventDescriptor], force: bool) -> ExitCode {
+    match schema::generate(dir, events, force) {
+        Ok(done) => {
+            let (mut created, mut updated, mut unchanged) = (0, 0, 0);
+            for status in &done {
+                match status {
+                    FileStatus::Created(path) => {
+                        created += 1;
+                        println!("created   {}", path.display());
+                    }
+                    FileStatus::Updated(path) => {
+                        updated += 1;
+                        println!("updated   {}", path.display());
+                    }
+                    FileStatus::Unchanged(_) => unchanged += 1,
+                }
+            }
+            println!(
+                "{} event schema(s): {created} created, {updated} updated, {unchanged} unchanged",
+                done.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(GenerateError::Refused(report)) => {
+            eprintln!("{report}");
+            eprintln!("nothing was written (use --force to overwrite anyway)");
+            ExitCode::from(1)
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn check(dir: &Path, events: &[&EventDescriptor], options: &CheckOptions) -> ExitCode {
+    let report = schema::check_with(dir, events, options);
+    if report.is_ok() {
+        println!("{report}");
+        return ExitCode::SUCCESS;
+    }
+    eprintln!("{report}");
+    if report.is_bad_input() {
+        ExitCode::from(2)
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn compat(old: &Path, new: &Path, mode: Mode) -> ExitCode {
+    let docs = SchemaDoc::from_file(old).and_then(|o| SchemaDoc::from_file(new).map(|n| (o, n)));
+    let (old_doc, new_doc) = match docs {
+        Ok(docs) => docs,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let report = schema::compare(&old_doc, &new_doc, mode);
+    if report.is_compatible() {
+        println!("compatible ({mode}): {} -> {}", old.display(), new.display());
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "incompatible ({mode}): {} -> {}: {} problem(s)",
+        old.display(),
+        new.display(),
+        report.incompatibilities.len()
+    );
+    for inc in &report.incompatibilities {
+        println!("  {inc}");
+    }
+    ExitCode::from(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_workspace_root_is_the_nearest_manifest_with_a_workspace_table() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let member = dir.path().join("xtask");
+        std::fs::create_dir_all(member.join("src")).expect("mkdir");
+        std::fs::write(dir.path().join("Cargo.toml"), "[workspace]\nmembers = [\"xtask\"]\n").expect("write");
+        std::fs::write(member.join("Cargo.toml"), "[package]\nname = \"xtask\"\n").expect("write");
+        assert_eq!(workspace_root(&member.join("src")).as_deref(), Some(dir.path()));
+        assert_eq!(workspace_root(&member), Some(dir.path().to_owned()));
+        // `[workspace.dependencies]` alone does not make a root.
+        std::fs::write(member.join("Cargo.toml"), "[workspace.dependencies]\n").expect("write");
+        assert_eq!(workspace_root(&member), Some(dir.path().to_owned()));
+    }
+}

@@ -1,0 +1,181 @@
+//! A user's project outside this workspace, as the README's "use it in your project"
+//! section sets it up: an events-only crate on the light features and its own three-line
+//! `cargo xtask`. Runs real `cargo` on it: generate, check, an incompatible edit, no events
+//! linked, pinned events, typegen, and `cargo tree` without librdkafka.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const EVENTS: &str = r#"use outbox_runtime::OutboxEvent;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, JsonSchema, OutboxEvent)]
+#[outbox(event_type = "invoice.issued", schema_version = 1, aggregate = "invoice", topic = "billing")]
+pub struct InvoiceIssued {
+    #[outbox(aggregate_id)]
+    pub invoice_id: u64,
+    pub amount_cents: i64,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, OutboxEvent)]
+#[outbox(event_type = "invoice.paid", schema_version = 1, aggregate = "invoice", topic = "billing")]
+pub struct InvoicePaid {
+    #[outbox(aggregate_id)]
+    pub invoice_id: u64,
+}
+"#;
+
+const MAIN: &str =
+    "use my_events as _;\nfn main() -> std::process::ExitCode {\n    outbox_runtime::xtask::main()\n}\n";
+
+struct Project {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    target: PathBuf,
+}
+
+impl Project {
+    fn new() -> Project {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("shop");
+        let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let runtime = here.join("../outbox-runtime").canonicalize().expect("outbox-runtime");
+        let runtime = runtime.display();
+        write(&root.join("Cargo.toml"), "[workspace]\nmembers = [\"events\", \"xtask\"]\nresolver = \"2\"\n");
+        write(
+            &root.join("events/Cargo.toml"),
+            &format!(
+                "[package]\nname = \"my-events\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\n\
+                 outbox-runtime = {{ path = \"{runtime}\", default-features = false, features = [\"derive\"] }}\n\
+                 serde = {{ version = \"1\", features = [\"derive\"] }}\n\
+                 schemars = \"1\"\n"
+            ),
+        );
+        write(&root.join("events/src/lib.rs"), EVENTS);
+        write(
+            &root.join("xtask/Cargo.toml"),
+            &format!(
+                "[package]\nname = \"xtask\"\nversion = \"0.1.0\"\nedition = \"2021\"\npublish = false\n\n[dependencies]\n\
+                 my-events = {{ path = \"../events\" }}\n\
+                 outbox-runtime = {{ path = \"{runtime}\", default-features = false, features = [\"xtask\"] }}\n"
+            ),
+        );
+        write(&root.join("xtask/src/main.rs"), MAIN);
+        write(&root.join(".cargo/config.toml"), "[alias]\nxtask = \"run --quiet --package xtask --\"\n");
+        // The versions this workspace is tested with, and no network: every crate is in
+        // the local registry cache already.
+        fs::copy(here.join("../Cargo.lock"), root.join("Cargo.lock")).expect("copy Cargo.lock");
+        // Its own target directory: the one running this test is locked by cargo.
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| here.join("../target"))
+            .join("user-project");
+        Project { _dir: dir, root, target }
+    }
+
+    fn cargo(&self, args: &[&str]) -> Output {
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(args)
+            .current_dir(&self.root)
+            .env("CARGO_TARGET_DIR", &self.target)
+            .env("CARGO_NET_OFFLINE", "true")
+            .env_remove("CARGO_MANIFEST_DIR")
+            .env_remove("RUSTFLAGS")
+            .output()
+            .expect("cargo runs")
+    }
+
+    fn xtask(&self, args: &[&str]) -> (Option<i32>, String) {
+        let mut all = vec!["xtask"];
+        all.extend_from_slice(args);
+        let out = self.cargo(&all);
+        (out.status.code(), text(&out))
+    }
+}
+
+fn write(path: &Path, body: &str) {
+    fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+    fs::write(path, body).expect("write");
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+#[test]
+fn a_project_of_its_own_generates_checks_and_refuses_with_the_three_line_xtask() {
+    let project = Project::new();
+
+    let (code, out) = project.xtask(&["schema", "generate"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("2 event schema(s): 2 created, 0 updated, 0 unchanged"), "{out}");
+    let v1 = project.root.join("schemas/invoice.issued/v1.json");
+    assert!(v1.is_file(), "generate writes at the workspace root: {out}");
+    assert!(project.root.join("schemas/invoice.paid/v1.json").is_file(), "{out}");
+    let committed = fs::read_to_string(&v1).expect("read");
+    assert!(committed.contains("Generated by `cargo xtask schema generate`"), "{committed}");
+
+    let (code, out) = project.xtask(&["schema", "check"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("schemas ok: 2 event schema(s) match the committed files"), "{out}");
+
+    // Pinned: the right count and types pass, a wrong count is bad input.
+    let (code, out) =
+        project.xtask(&["schema", "check", "--expect-events", "2", "--expect-type", "invoice.paid"]);
+    assert_eq!(code, Some(0), "{out}");
+    let (code, out) = project.xtask(&["schema", "check", "--expect-events", "3"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("2 event type(s) are registered, 3 expected (--expect-events)"), "{out}");
+    let (code, out) = project.xtask(&["schema", "check", "--expect-type", "invoice.voided"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("not registered: invoice.voided (--expect-type)"), "{out}");
+
+    // Consumer types from the same schemas, and the check that they are current.
+    let (code, out) = project.xtask(&["typegen"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("typegen needs --out FILE"), "{out}");
+    let (code, out) = project.xtask(&["typegen", "--out", "consumer_types.rs"]);
+    assert_eq!(code, Some(0), "{out}");
+    let types = fs::read_to_string(project.root.join("consumer_types.rs")).expect("generated");
+    assert!(types.contains("pub struct InvoiceIssuedV1"), "{types}");
+    let (code, out) = project.xtask(&["typegen", "--out", "consumer_types.rs", "--check"]);
+    assert_eq!(code, Some(0), "{out}");
+
+    // An incompatible edit without a version bump: exit 1, naming event, field and rule.
+    let lib = project.root.join("events/src/lib.rs");
+    write(&lib, &EVENTS.replacen("pub amount_cents: i64", "pub amount_cents: String", 1));
+    let (code, out) = project.xtask(&["schema", "check"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains(
+            "invoice.issued v1 (my_events::InvoiceIssued) changed incompatibly without a version bump"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("$.amount_cents"), "{out}");
+    write(&lib, EVENTS);
+
+    // The events crate not linked: nothing registered is an error, not "0 schemas ok".
+    write(&project.root.join("xtask/src/main.rs"), &MAIN.replacen("use my_events as _;\n", "", 1));
+    let (code, out) = project.xtask(&["schema", "check"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("no events are registered"), "{out}");
+    assert!(out.contains("use my_events as _;"), "the message says how to link them: {out}");
+    let (code, out) = project.xtask(&["schema", "generate"]);
+    assert_eq!(code, Some(2), "generate refuses too: {out}");
+    write(&project.root.join("xtask/src/main.rs"), MAIN);
+
+    // The events crate and the xtask build without librdkafka, sqlx or tokio.
+    for package in ["my-events", "xtask"] {
+        let tree = project.cargo(&["tree", "--package", package, "--edges", "normal", "--prefix", "none"]);
+        assert!(tree.status.success(), "{}", text(&tree));
+        let tree = String::from_utf8_lossy(&tree.stdout).into_owned();
+        for heavy in ["rdkafka-sys", "sqlx", "tokio "] {
+            assert!(!tree.contains(heavy), "{package} depends on {heavy}:\n{tree}");
+        }
+        let deps: std::collections::BTreeSet<&str> = tree.lines().collect();
+        eprintln!("user_project: {package} has {} dependencies (itself included)", deps.len());
+    }
+}
