@@ -138,6 +138,8 @@ fn for_typify(root: &Value, type_name: &str) -> Value {
     if let Value::Object(map) = &mut out {
         map.insert("title".to_owned(), Value::String(type_name.to_owned()));
         map.remove("$schema");
+        // Consumers read: the reader's contract is the type; the writer's is not for typify.
+        map.remove("x-outbox");
     }
     out
 }

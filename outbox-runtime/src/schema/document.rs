@@ -5,6 +5,8 @@ use std::fmt;
 
 use serde_json::Value;
 
+use super::keywords::{SCHEMA_ARRAY_KEYWORDS, SCHEMA_KEYWORDS, SCHEMA_MAP_KEYWORDS};
+
 /// Why a document could not be used as a schema. Every variant names its source.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -52,6 +54,9 @@ pub enum InputError {
 pub struct SchemaDoc {
     name: String,
     root: Value,
+    /// What a writer writes, when it is narrower than what the document accepts
+    /// (`x-outbox.writer`, a whole schema document of its own).
+    writer: Option<Box<SchemaDoc>>,
 }
 
 impl fmt::Debug for SchemaDoc {
@@ -60,24 +65,6 @@ impl fmt::Debug for SchemaDoc {
     }
 }
 
-/// Keywords whose value is one schema.
-const SCHEMA_KEYWORDS: &[&str] = &[
-    "additionalProperties",
-    "unevaluatedProperties",
-    "additionalItems",
-    "unevaluatedItems",
-    "contains",
-    "propertyNames",
-    "not",
-    "if",
-    "then",
-    "else",
-];
-/// Keywords whose value is an array of schemas.
-const SCHEMA_ARRAY_KEYWORDS: &[&str] = &["allOf", "anyOf", "oneOf", "prefixItems"];
-/// Keywords whose value is an object of schemas.
-const SCHEMA_MAP_KEYWORDS: &[&str] =
-    &["properties", "patternProperties", "$defs", "definitions", "dependentSchemas"];
 const TYPE_NAMES: &[&str] = &["null", "boolean", "object", "array", "number", "string", "integer"];
 
 impl SchemaDoc {
@@ -98,9 +85,20 @@ impl SchemaDoc {
 
     /// Validates an already parsed document.
     pub fn from_value(name: &str, root: Value) -> Result<Self, InputError> {
-        let doc = SchemaDoc { name: name.to_owned(), root };
+        let writer = root.get("x-outbox").and_then(|x| x.get("writer")).cloned();
+        let mut doc = SchemaDoc { name: name.to_owned(), root, writer: None };
         doc.validate(&doc.root, &mut String::new())?;
+        if let Some(writer) = writer {
+            let writer = SchemaDoc::from_value(&format!("{name} (x-outbox.writer)"), writer)?;
+            doc.writer = Some(Box::new(writer));
+        }
         Ok(doc)
+    }
+
+    /// The schema of what a writer writes: `x-outbox.writer` when the document carries
+    /// one (see [`crate::schema::document`]), else the document itself.
+    pub fn writer(&self) -> &SchemaDoc {
+        self.writer.as_deref().unwrap_or(self)
     }
 
     /// The name errors and reports use (usually the file path).

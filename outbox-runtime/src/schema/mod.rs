@@ -8,6 +8,8 @@
 
 pub mod compat;
 mod document;
+mod keywords;
+mod normalize;
 mod repo;
 
 pub use compat::{compare, compare_transitive, Direction, Incompatibility, Mode, Report, Rule};
@@ -16,3 +18,6 @@ pub use repo::{
     check, check_with, document, generate, render, schema_path, CheckOptions, CheckReport, FileStatus,
     GenerateError, Problem,
 };
+
+#[cfg(test)]
+mod serde_tests;

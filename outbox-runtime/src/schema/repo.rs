@@ -17,11 +17,14 @@ pub fn schema_path(dir: &Path, event_type: &str, version: u32) -> PathBuf {
     dir.join(event_type).join(format!("v{version}.json"))
 }
 
-/// The committed document for `event`: its draft 2020-12 schema, titled after the event
-/// type and version, with a generated-file `$comment` and the event's metadata under
-/// `x-outbox`.
+/// The committed document for `event`: its draft 2020-12 schema as a reader accepts it,
+/// titled after the event type and version, with a generated-file `$comment` and the
+/// event's metadata under `x-outbox`. When a writer writes something narrower than a
+/// reader accepts (a `#[serde(default)]` field is always written, yet optional to read),
+/// the writer's schema is carried as a whole document under `x-outbox.writer`, and the
+/// compatibility checks judge writers by it.
 pub fn document(event: &EventDescriptor) -> Value {
-    let mut root = match event.json_schema().to_value() {
+    let as_object = |schema: schemars::Schema| match schema.to_value() {
         Value::Object(map) => map,
         // A type whose schema is `true`/`false`: still give it a document.
         other => {
@@ -30,17 +33,22 @@ pub fn document(event: &EventDescriptor) -> Value {
             map
         }
     };
+    let mut root = as_object(event.json_schema());
+    let writer = as_object(event.json_writer_schema());
+    let mut outbox = json!({
+        "event_type": event.event_type,
+        "schema_version": event.schema_version,
+        "aggregate_type": event.aggregate_type,
+        "topic": event.topic,
+    });
+    if writer != root {
+        let mut writer = writer;
+        writer.remove("$schema");
+        outbox["writer"] = Value::Object(writer);
+    }
     root.insert("$comment".to_owned(), Value::String(GENERATED_COMMENT.to_owned()));
     root.insert("title".to_owned(), Value::String(format!("{} v{}", event.event_type, event.schema_version)));
-    root.insert(
-        "x-outbox".to_owned(),
-        json!({
-            "event_type": event.event_type,
-            "schema_version": event.schema_version,
-            "aggregate_type": event.aggregate_type,
-            "topic": event.topic,
-        }),
-    );
+    root.insert("x-outbox".to_owned(), outbox);
     Value::Object(root)
 }
 

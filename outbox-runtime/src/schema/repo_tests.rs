@@ -252,3 +252,32 @@ fn pinned_events_must_all_be_registered() {
     // Unpinned, the same events pass (parcel.lost's file is a retired type's, noted).
     assert!(check(dir.path(), &[&sent, &v2]).is_ok());
 }
+
+/// A field that is always written but optional to read.
+#[derive(Serialize, serde::Deserialize, JsonSchema, OutboxEvent)]
+#[outbox(event_type = "parcel.weighed", schema_version = 1, aggregate = "parcel", topic = "parcels")]
+struct ParcelWeighed {
+    #[outbox(aggregate_id)]
+    parcel_id: u64,
+    #[serde(default)]
+    grams: u32,
+}
+
+#[test]
+fn the_writers_contract_is_committed_beside_the_readers_when_they_differ() {
+    let weighed = document(&d::<ParcelWeighed>("ParcelWeighed"));
+    assert_eq!(weighed["required"], serde_json::json!(["parcel_id"]), "a reader may omit grams: {weighed}");
+    assert_eq!(
+        weighed["x-outbox"]["writer"]["required"],
+        serde_json::json!(["parcel_id", "grams"]),
+        "{weighed}"
+    );
+    assert_eq!(weighed["x-outbox"]["writer"].get("$schema"), None);
+    let doc = SchemaDoc::from_value("weighed", weighed).expect("schema");
+    assert_eq!(doc.writer().root()["required"], serde_json::json!(["parcel_id", "grams"]));
+    // Where the contracts agree, the file holds one schema.
+    let sent = document(&d::<ParcelSent>("ParcelSent"));
+    assert_eq!(sent["x-outbox"].get("writer"), None, "{sent}");
+    let sent = SchemaDoc::from_value("sent", sent).expect("schema");
+    assert!(std::ptr::eq(sent.writer(), &sent), "a one-schema document is its own writer");
+}
