@@ -73,6 +73,16 @@ pub enum Error {
         /// The table, as `"schema"."table"`.
         table: String,
     },
+    /// [`Harness::settle`](crate::testing::Harness::settle) gave up, or the relay or
+    /// inbox it runs stopped.
+    #[cfg(feature = "testing")]
+    #[error("not settled after {waited:?}: {waiting}")]
+    NotSettled {
+        /// How long it waited.
+        waited: std::time::Duration,
+        /// What was still waiting.
+        waiting: String,
+    },
     /// A PostgreSQL error.
     #[cfg(feature = "runtime")]
     #[error("database: {0}")]

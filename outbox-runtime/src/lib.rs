@@ -82,6 +82,8 @@ mod secrets;
 pub mod signal;
 #[cfg(feature = "runtime")]
 mod table;
+#[cfg(feature = "testing")]
+pub mod testing;
 #[cfg(feature = "typegen")]
 pub mod typegen;
 #[cfg(feature = "xtask")]

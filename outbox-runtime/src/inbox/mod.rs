@@ -210,6 +210,12 @@ impl Inbox {
         Ok(Inbox { pool, config, names, store, handlers: Arc::new(handlers), stats: Arc::default() })
     }
 
+    /// Its settings.
+    #[cfg(feature = "testing")]
+    pub(crate) fn config(&self) -> &InboxConfig {
+        &self.config
+    }
+
     /// This consumer's counters.
     pub fn stats(&self) -> Arc<InboxStats> {
         self.stats.clone()

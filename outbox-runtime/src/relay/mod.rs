@@ -376,6 +376,18 @@ impl Relay {
         })
     }
 
+    /// The pool it works on.
+    #[cfg(feature = "testing")]
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The outbox it relays.
+    #[cfg(feature = "testing")]
+    pub(crate) fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
     /// This relay's counters.
     pub fn stats(&self) -> Arc<RelayStats> {
         self.stats.clone()
