@@ -254,8 +254,11 @@ impl Outbox {
     /// and points into the statement).
     fn not_migrated(&self, error: Error) -> Error {
         match &error {
+            // undefined_table, about this table (not, say, one a user's trigger reads).
             Error::Database(db)
-                if db.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "42P01") =>
+                if db.as_database_error().is_some_and(|d| {
+                    d.code().is_some_and(|c| c == "42P01") && d.message().contains(&self.names().table)
+                }) =>
             {
                 Error::NotMigrated { table: self.names().outbox.clone() }
             }

@@ -228,7 +228,16 @@ impl Xtask {
 fn workspace_root(start: &Path) -> Option<PathBuf> {
     start.ancestors().find_map(|dir| {
         let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).ok()?;
-        manifest.lines().any(|line| line.trim() == "[workspace]").then(|| dir.to_owned())
+        // `[workspace]`, perhaps with a comment after it; `[workspace.dependencies]` and
+        // the like only appear beside it.
+        manifest
+            .lines()
+            .any(|line| {
+                line.trim_start()
+                    .strip_prefix("[workspace]")
+                    .is_some_and(|rest| rest.trim_start().is_empty() || rest.trim_start().starts_with('#'))
+            })
+            .then(|| dir.to_owned())
     })
 }
 
@@ -320,8 +329,10 @@ mod tests {
         std::fs::write(member.join("Cargo.toml"), "[package]\nname = \"xtask\"\n").expect("write");
         assert_eq!(workspace_root(&member.join("src")).as_deref(), Some(dir.path()));
         assert_eq!(workspace_root(&member), Some(dir.path().to_owned()));
-        // `[workspace.dependencies]` alone does not make a root.
+        // `[workspace.dependencies]` alone does not make a root; a commented table does.
         std::fs::write(member.join("Cargo.toml"), "[workspace.dependencies]\n").expect("write");
         assert_eq!(workspace_root(&member), Some(dir.path().to_owned()));
+        std::fs::write(member.join("Cargo.toml"), "  [workspace] # the root\n").expect("write");
+        assert_eq!(workspace_root(&member.join("src")), Some(member.clone()));
     }
 }
