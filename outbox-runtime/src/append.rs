@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use sqlx::{PgConnection, Postgres, Transaction};
+use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
@@ -200,9 +200,12 @@ pub(crate) fn insert_sql(names: &Names, notify: bool, lock_aggregates: bool) -> 
 
 impl Outbox {
     /// Appends `event` in `tx`, the caller's open transaction: it commits or rolls back
-    /// with the business change. Returns the event id. It takes a transaction, not a
-    /// connection, so that an event cannot be appended in autocommit and outlive a
-    /// business change that is later rolled back.
+    /// with the business change. Returns the event id. `tx` is a connection inside a sqlx
+    /// transaction: `&mut tx` of `pool.begin()`, or the connection an inbox handler is
+    /// given (so a handler can append a follow-up event in the transaction that applies
+    /// the one it handles). A connection in autocommit is refused with
+    /// [`Error::NotInTransaction`]: the event would commit at once, whatever became of the
+    /// business change.
     ///
     /// Events of one aggregate are published in the order of their appends, so appends of
     /// one aggregate must not race: lock the aggregate first (the conditional
@@ -218,18 +221,14 @@ impl Outbox {
     /// tx.commit().await?;
     /// # Ok(()) }
     /// ```
-    pub async fn append<E: OutboxEvent>(
-        &self,
-        tx: &mut Transaction<'_, Postgres>,
-        event: &E,
-    ) -> Result<Uuid> {
+    pub async fn append<E: OutboxEvent>(&self, tx: &mut PgConnection, event: &E) -> Result<Uuid> {
         self.append_with(tx, event, AppendOptions::default()).await
     }
 
     /// [`Outbox::append`] with an aggregate version, extra headers or a given event id.
     pub async fn append_with<E: OutboxEvent>(
         &self,
-        tx: &mut Transaction<'_, Postgres>,
+        tx: &mut PgConnection,
         event: &E,
         options: AppendOptions,
     ) -> Result<Uuid> {
@@ -245,8 +244,12 @@ impl Outbox {
     /// critical event is appended whole. Each aggregate's lock is taken first, in one fixed
     /// order (see [`OutboxConfig::lock_aggregates`](crate::OutboxConfig::lock_aggregates)).
     ///
-    /// Before the outbox's migrations have run, it fails with [`Error::NotMigrated`].
-    pub async fn append_batch(&self, tx: &mut Transaction<'_, Postgres>, events: &[NewEvent]) -> Result<()> {
+    /// Outside a transaction it fails with [`Error::NotInTransaction`]; before the
+    /// outbox's migrations have run, with [`Error::NotMigrated`].
+    pub async fn append_batch(&self, tx: &mut PgConnection, events: &[NewEvent]) -> Result<()> {
+        if !tx.is_in_transaction() {
+            return Err(Error::NotInTransaction);
+        }
         self.insert(tx, events).await.map_err(|e| self.not_migrated(e))
     }
 
@@ -254,10 +257,16 @@ impl Outbox {
     /// and points into the statement).
     fn not_migrated(&self, error: Error) -> Error {
         match &error {
-            // undefined_table, about this table (not, say, one a user's trigger reads).
+            // undefined_table, about this table (not, say, one a user's trigger reads):
+            // PostgreSQL names it `relation "schema.table" does not exist`.
             Error::Database(db)
                 if db.as_database_error().is_some_and(|d| {
-                    d.code().is_some_and(|c| c == "42P01") && d.message().contains(&self.names().table)
+                    let names = self.names();
+                    let relation = d.message().split('"').nth(1);
+                    d.code().is_some_and(|c| c == "42P01")
+                        && relation.is_some_and(|r| {
+                            r == format!("{}.{}", names.schema, names.table) || r == names.table
+                        })
                 }) =>
             {
                 Error::NotMigrated { table: self.names().outbox.clone() }
@@ -322,16 +331,6 @@ impl Outbox {
 
 /// Appends `event` to the default outbox (`public.outbox`) in `tx`, the caller's open
 /// transaction. See [`Outbox::append`].
-///
-/// A pooled connection in autocommit is refused at compile time, since an event appended
-/// there would be committed at once, whatever becomes of the business change:
-///
-/// ```compile_fail
-/// # async fn f(pool: sqlx::PgPool, event: impl outbox_runtime::OutboxEvent) {
-/// let mut conn = pool.acquire().await.unwrap();
-/// outbox_runtime::append(&mut conn, &event).await.unwrap();
-/// # }
-/// ```
-pub async fn append<E: OutboxEvent>(tx: &mut Transaction<'_, Postgres>, event: &E) -> Result<Uuid> {
+pub async fn append<E: OutboxEvent>(tx: &mut PgConnection, event: &E) -> Result<Uuid> {
     Outbox::default_ref().append(tx, event).await
 }

@@ -67,6 +67,10 @@ pub enum Error {
     /// worker panicked, or the Kafka consumer failed in a way it cannot recover from.
     #[error("inbox stopped: {0}")]
     Inbox(String),
+    /// An append on a connection that is not inside a transaction (autocommit): the event
+    /// would be committed at once, whatever became of the business change.
+    #[error("append outside a transaction: append on the business change's transaction (`let mut tx = pool.begin().await?; outbox.append(&mut tx, &event)`), so that both commit or neither does; nothing was appended")]
+    NotInTransaction,
     /// The outbox's table does not exist: its migrations have not run on this database.
     #[error("table {table} does not exist: run the outbox's migrations first (`outbox.migrator().run(&pool)`, or `outbox migrate`)")]
     NotMigrated {

@@ -60,7 +60,7 @@ pub enum Command {
 pub enum SchemaCommand {
     /// Writes schemas/<event_type>/v<schema_version>.json for every registered event.
     Generate {
-        /// The schemas directory [default: <workspace>/schemas].
+        /// The schemas directory (default: `schemas` at the workspace root).
         #[arg(long)]
         dir: Option<PathBuf>,
         /// Overwrite committed files even with a schema that is not FULL compatible.
@@ -70,7 +70,7 @@ pub enum SchemaCommand {
     /// Fails (exit 1) when the committed schemas do not match the code; exit 2 on a bad
     /// file, or when no events (or not the expected ones) are registered.
     Check {
-        /// The schemas directory [default: <workspace>/schemas].
+        /// The schemas directory (default: `schemas` at the workspace root).
         #[arg(long)]
         dir: Option<PathBuf>,
         /// Exit 2 unless exactly N distinct event types are registered (all versions of
@@ -97,7 +97,7 @@ pub enum SchemaCommand {
 #[derive(Debug, Args)]
 #[non_exhaustive]
 pub struct TypegenArgs {
-    /// The committed schemas [default: <workspace>/schemas].
+    /// The committed schemas (default: `schemas` at the workspace root).
     #[arg(long)]
     pub schemas: Option<PathBuf>,
     /// The generated Rust file (required unless the xtask sets a default).
@@ -139,9 +139,10 @@ impl Xtask {
         Xtask::default()
     }
 
-    /// The project root, under which `schemas/` lives. Default: the nearest directory at
-    /// or above the xtask package (`CARGO_MANIFEST_DIR`, which `cargo run` sets) or, failing
-    /// that, the current directory, whose `Cargo.toml` has a `[workspace]` table.
+    /// The project root, under which `schemas/` lives. Default: the nearest directory,
+    /// at or above the xtask package (`CARGO_MANIFEST_DIR`, which `cargo run` sets; the
+    /// current directory when it is not set), whose `Cargo.toml` has a `[workspace]`
+    /// table; failing that, that starting directory itself.
     pub fn root(mut self, dir: impl Into<PathBuf>) -> Self {
         self.root = Some(dir.into());
         self

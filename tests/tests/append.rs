@@ -388,3 +388,34 @@ async fn appending_before_the_migrations_names_the_table_and_what_to_run(pool: P
     outbox.append(&mut tx, &Blob { id: 1, data: "x".into() }).await.expect("append");
     tx.commit().await.expect("commit");
 }
+
+#[sqlx::test(migrations = false)]
+async fn an_append_in_autocommit_is_refused_and_one_in_any_transaction_is_not(pool: PgPool) {
+    // Fault: the caller passes a pooled connection in autocommit. The event would commit at
+    // once and outlive a business change rolled back later (invariant 1).
+    use sqlx::{Acquire, PgConnection};
+    let outbox = migrate(&pool).await;
+    let mut conn = pool.acquire().await.expect("connection");
+    let err = outbox.append(&mut conn, &Blob { id: 1, data: "x".into() }).await.expect_err("autocommit");
+    assert!(matches!(err, Error::NotInTransaction), "{err:?}");
+    assert!(err.to_string().starts_with("append outside a transaction"), "{err}");
+    let batch = [NewEvent::new(&Blob { id: 2, data: "x".into() }, AppendOptions::default()).expect("event")];
+    assert!(matches!(outbox.append_batch(&mut conn, &batch).await, Err(Error::NotInTransaction)));
+    assert_eq!(outbox_rows(&pool).await, 0, "nothing was appended");
+
+    // The connection inside a transaction (what an inbox handler is given) joins it: a
+    // rollback takes the event away.
+    let mut tx = conn.begin().await.expect("begin");
+    let inside: &mut PgConnection = &mut tx;
+    outbox.append(inside, &Blob { id: 3, data: "x".into() }).await.expect("append in a transaction");
+    tx.rollback().await.expect("rollback");
+    assert_eq!(outbox_rows(&pool).await, 0);
+
+    // A savepoint inside it too.
+    let mut tx = pool.begin().await.expect("begin");
+    let mut savepoint = tx.begin().await.expect("savepoint");
+    outbox.append(&mut savepoint, &Blob { id: 4, data: "x".into() }).await.expect("append in a savepoint");
+    savepoint.commit().await.expect("release");
+    tx.commit().await.expect("commit");
+    assert_eq!(outbox_rows(&pool).await, 1);
+}

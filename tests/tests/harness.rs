@@ -25,6 +25,22 @@ struct Step {
     n: i64,
 }
 
+/// The same on a topic of its own: tests run in parallel against one broker under
+/// `KAFKA_BROKERS`, and an inbox reading from the start of a shared topic would apply the
+/// other test's events too.
+#[derive(Serialize, Deserialize, JsonSchema, OutboxEvent)]
+#[outbox(
+    event_type = "test.harness_slow_step",
+    schema_version = 1,
+    aggregate = "test",
+    topic = "outbox-test-harness-slow"
+)]
+struct SlowStep {
+    #[outbox(aggregate_id)]
+    run: String,
+    n: i64,
+}
+
 /// Records each step, slowly: a settle that returned before the inbox was done would
 /// find fewer rows than were appended.
 struct Record {
@@ -43,8 +59,15 @@ impl EventHandler<Step> for Record {
     }
 }
 
+impl EventHandler<SlowStep> for Record {
+    async fn handle(&self, tx: &mut PgConnection, step: SlowStep, meta: &Meta) -> Result<(), HandlerError> {
+        EventHandler::<Step>::handle(self, tx, Step { run: step.run, n: step.n }, meta).await
+    }
+}
+
 async fn harness(
     pool: &PgPool,
+    topic: &'static str,
     delay: Duration,
     shutdown: Duration,
 ) -> (EmbeddedKafka, outbox_runtime::Outbox, Harness) {
@@ -55,7 +78,7 @@ async fn harness(
     let outbox = migrate(pool).await;
     // KAFKA_BROKERS when set (CI runs this against Tansu too), else the embedded broker.
     let kafka = EmbeddedKafka::from_env().expect("broker");
-    kafka.create_topic(Step::TOPIC, 3).await.expect("topic");
+    kafka.create_topic(topic, 3).await.expect("topic");
     let relay = Relay::new(
         pool.clone(),
         outbox.clone(),
@@ -63,9 +86,9 @@ async fn harness(
     )
     .expect("relay");
     let consumer = format!("harness-{}", Uuid::new_v4().simple());
-    let config = InboxConfig::new(consumer, kafka.bootstrap(), [Step::TOPIC]).shutdown_timeout(shutdown);
-    let inbox =
-        Inbox::new(pool.clone(), config, Handlers::new().on::<Step, _>(Record { delay })).expect("inbox");
+    let config = InboxConfig::new(consumer, kafka.bootstrap(), [topic]).shutdown_timeout(shutdown);
+    let handlers = Handlers::new().on::<Step, _>(Record { delay }).on::<SlowStep, _>(Record { delay });
+    let inbox = Inbox::new(pool.clone(), config, handlers).expect("inbox");
     inbox.migrator().run(pool).await.expect("inbox migrations");
     let harness = Harness::start(relay, inbox).expect("harness");
     (kafka, outbox, harness)
@@ -90,7 +113,7 @@ async fn recorded(pool: &PgPool, run: &str) -> i64 {
 #[sqlx::test(migrations = false)]
 async fn settle_returns_once_everything_appended_so_far_is_applied(pool: PgPool) {
     let (_kafka, outbox, mut harness) =
-        harness(&pool, Duration::from_millis(20), Duration::from_secs(5)).await;
+        harness(&pool, Step::TOPIC, Duration::from_millis(20), Duration::from_secs(5)).await;
     let run = Uuid::new_v4().simple().to_string();
     append(&pool, &outbox, &run, 0..5).await;
     // A rolled-back append is not waited for.
@@ -115,13 +138,17 @@ async fn settle_returns_once_everything_appended_so_far_is_applied(pool: PgPool)
 async fn settle_gives_up_naming_what_is_still_waiting(pool: PgPool) {
     // A handler slower than the timeout: settle must not report success.
     let (_kafka, outbox, mut harness) =
-        harness(&pool, Duration::from_secs(60), Duration::from_millis(200)).await;
+        harness(&pool, SlowStep::TOPIC, Duration::from_secs(60), Duration::from_millis(200)).await;
     let run = Uuid::new_v4().simple().to_string();
-    append(&pool, &outbox, &run, 0..2).await;
+    let mut tx = pool.begin().await.expect("begin");
+    for n in 0..2 {
+        outbox.append(&mut tx, &SlowStep { run: run.clone(), n }).await.expect("append");
+    }
+    tx.commit().await.expect("commit");
     let err = harness.settle_within(Duration::from_secs(3)).await.expect_err("cannot settle");
     let Error::NotSettled { waiting, .. } = &err else { panic!("{err:?}") };
     assert!(
-        waiting.contains("not yet published") || waiting.contains("outbox-test-harness["),
+        waiting.contains("not yet published") || waiting.contains("outbox-test-harness-slow["),
         "names the events or partitions waiting: {err}"
     );
     assert_eq!(recorded(&pool, &run).await, 0);

@@ -96,7 +96,7 @@ impl SchemaDoc {
     }
 
     /// The schema of what a writer writes: `x-outbox.writer` when the document carries
-    /// one (see [`crate::schema::document`]), else the document itself.
+    /// one (see [`crate::schema::document()`]), else the document itself.
     pub fn writer(&self) -> &SchemaDoc {
         self.writer.as_deref().unwrap_or(self)
     }

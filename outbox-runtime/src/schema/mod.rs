@@ -3,8 +3,8 @@
 //! Users commit `schemas/<event_type>/v<schema_version>.json` for every registered event
 //! ([`generate`]) and fail CI when the code no longer matches them in an incompatible way
 //! ([`check`]). [`compare`] judges two schemas as writer and reader (see [`compat`]).
-//! [`crate::xtask`] (feature `xtask`) is the command line over these functions, for this
-//! repository's `cargo xtask schema ...` and for yours.
+//! `outbox_runtime::xtask` (feature `xtask`) is the command line over these functions, for
+//! this repository's `cargo xtask schema ...` and for yours.
 
 pub mod compat;
 mod document;

@@ -10,11 +10,20 @@
 //! `allOf` becomes the intersection of its parts, and keywords beside a `oneOf`/`anyOf`
 //! are distributed into every variant (A and (B or C) is (A and B) or (A and C)).
 //!
-//! Merging follows serde rather than the letter of JSON Schema in one place: an
-//! `additionalProperties` of one part does not reject the properties another part
-//! declares (serde hands a flattened or tagged struct every field it knows). Where two
-//! parts disagree on a keyword that cannot be intersected here, the node is left as it
-//! was, and the checker judges it part by part as before.
+//! A merge is refused, and the node left as it was for the checker to judge part by part
+//! (conservatively), where one object would not say the same thing:
+//! - one part restricts the properties it does not declare (`additionalProperties` or
+//!   `unevaluatedProperties` other than `true`) and another part declares properties
+//!   outside its own: JSON Schema rejects those, and so does serde for a flattened map or
+//!   `deny_unknown_fields` beside a flattened enum. The one exception follows serde: the
+//!   tag beside an internally tagged variant's `$ref` (serde takes the tag off before the
+//!   variant's struct sees the rest);
+//! - one part is an open map (no `properties`, any other keys allowed) and the other a
+//!   struct: one object with `properties` would be read as a struct that writes only those;
+//! - two parts disagree on a keyword that cannot be intersected here.
+//!
+//! Rewriting is bounded in depth and in total size, so a crafted schema cannot make it
+//! run away.
 
 use serde_json::{Map, Value};
 
@@ -26,6 +35,9 @@ use super::keywords::{is_annotation, SCHEMA_ARRAY_KEYWORDS, SCHEMA_KEYWORDS, SCH
 const MAX_DEPTH: usize = 48;
 /// Rewrites of one node (a `$ref` whose target is itself a `$ref` with siblings, ...).
 const MAX_REWRITES: usize = 16;
+/// Rewrites of a whole document: a schema whose nodes each inline a definition that
+/// inlines itself twice would otherwise grow as 2 to the depth.
+const MAX_TOTAL_REWRITES: usize = 4096;
 
 /// `doc` with every split object merged (see the module documentation).
 pub(crate) fn normalize(doc: &SchemaDoc) -> SchemaDoc {
@@ -34,35 +46,37 @@ pub(crate) fn normalize(doc: &SchemaDoc) -> SchemaDoc {
         // The writer's schema is a document of its own, normalised on its own.
         x.remove("writer");
     }
-    node(&mut root, doc, 0);
+    let mut budget = MAX_TOTAL_REWRITES;
+    node(&mut root, doc, 0, &mut budget);
     SchemaDoc::from_value(doc.name(), root).unwrap_or_else(|_| doc.clone())
 }
 
-fn node(value: &mut Value, doc: &SchemaDoc, depth: usize) {
+fn node(value: &mut Value, doc: &SchemaDoc, depth: usize, budget: &mut usize) {
     if depth > MAX_DEPTH {
         return;
     }
     for _ in 0..MAX_REWRITES {
-        if !rewrite(value, doc) {
+        if *budget == 0 || !rewrite(value, doc) {
             break;
         }
+        *budget -= 1;
     }
     let Value::Object(obj) = value else { return };
     for (key, child) in obj.iter_mut() {
         match key.as_str() {
-            k if SCHEMA_KEYWORDS.contains(&k) => node(child, doc, depth + 1),
+            k if SCHEMA_KEYWORDS.contains(&k) => node(child, doc, depth + 1, budget),
             "items" => match child {
-                Value::Array(items) => items.iter_mut().for_each(|c| node(c, doc, depth + 1)),
-                other => node(other, doc, depth + 1),
+                Value::Array(items) => items.iter_mut().for_each(|c| node(c, doc, depth + 1, budget)),
+                other => node(other, doc, depth + 1, budget),
             },
             k if SCHEMA_ARRAY_KEYWORDS.contains(&k) => {
                 if let Value::Array(items) = child {
-                    items.iter_mut().for_each(|c| node(c, doc, depth + 1));
+                    items.iter_mut().for_each(|c| node(c, doc, depth + 1, budget));
                 }
             }
             k if SCHEMA_MAP_KEYWORDS.contains(&k) => {
                 if let Value::Object(map) = child {
-                    map.values_mut().for_each(|c| node(c, doc, depth + 1));
+                    map.values_mut().for_each(|c| node(c, doc, depth + 1, budget));
                 }
             }
             _ => {}
@@ -84,7 +98,7 @@ fn rewrite(value: &mut Value, doc: &SchemaDoc) -> bool {
             if let Some(Value::Object(target)) = doc.resolve(reference) {
                 let mut rest = obj.clone();
                 rest.remove("$ref");
-                if let Some(merged) = merge(target.clone(), rest) {
+                if let Some(merged) = merge_with(target.clone(), rest, Extras::TagsMayJoin) {
                     *obj = merged;
                     return true;
                 }
@@ -147,9 +161,71 @@ fn inline(part: &Value, doc: &SchemaDoc) -> Option<Map<String, Value>> {
     }
 }
 
+/// Whether a part's restriction on undeclared properties may let another part's
+/// properties in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Extras {
+    /// Never: JSON Schema's reading, and serde's for flatten.
+    Strict,
+    /// For properties that are tags (`const` or a one-value `enum`): the `$ref` of an
+    /// internally tagged variant, whose tag serde removes before the struct reads.
+    TagsMayJoin,
+}
+
 /// The intersection of two schema objects, when it can be written as one; `None` when
-/// they disagree on a keyword this cannot intersect.
-fn merge(mut a: Map<String, Value>, b: Map<String, Value>) -> Option<Map<String, Value>> {
+/// it cannot (see the module documentation).
+fn merge(a: Map<String, Value>, b: Map<String, Value>) -> Option<Map<String, Value>> {
+    merge_with(a, b, Extras::Strict)
+}
+
+/// Whether `m` restricts the properties it does not declare.
+fn restricts_extras(m: &Map<String, Value>) -> bool {
+    ["additionalProperties", "unevaluatedProperties"]
+        .iter()
+        .any(|k| m.get(*k).is_some_and(|v| *v != Value::Bool(true)))
+}
+
+/// Whether `m` is an open map: no declared properties, any other key allowed.
+fn open_map(m: &Map<String, Value>) -> bool {
+    !m.contains_key("properties")
+        && (m.get("additionalProperties").is_some_and(|v| *v != Value::Bool(false))
+            || m.contains_key("patternProperties"))
+}
+
+fn is_tag(schema: &Value) -> bool {
+    schema.get("const").is_some()
+        || schema.get("enum").and_then(Value::as_array).is_some_and(|e| e.len() == 1)
+}
+
+/// Properties `other` declares that `m` does not.
+fn foreign<'m>(
+    m: &'m Map<String, Value>,
+    other: &'m Map<String, Value>,
+) -> impl Iterator<Item = (&'m String, &'m Value)> {
+    let own = m.get("properties").and_then(Value::as_object);
+    other
+        .get("properties")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .filter(move |(name, _)| !own.is_some_and(|own| own.contains_key(*name)))
+}
+
+fn merge_with(
+    mut a: Map<String, Value>,
+    b: Map<String, Value>,
+    extras: Extras,
+) -> Option<Map<String, Value>> {
+    let declares = |m: &Map<String, Value>| m.contains_key("properties");
+    if (open_map(&a) && declares(&b)) || (open_map(&b) && declares(&a)) {
+        return None;
+    }
+    let lets_in = |m: &Map<String, Value>, other: &Map<String, Value>| {
+        !restricts_extras(m) || foreign(m, other).all(|(_, s)| extras == Extras::TagsMayJoin && is_tag(s))
+    };
+    if !lets_in(&a, &b) || !lets_in(&b, &a) {
+        return None;
+    }
     for (key, vb) in b {
         let Some(va) = a.get_mut(&key) else {
             a.insert(key, vb);
@@ -279,6 +355,45 @@ mod tests {
             out["properties"]["same_property"]["properties"]["x"],
             json!({ "type": "integer", "minimum": 0 })
         );
+    }
+
+    #[test]
+    fn a_restriction_on_undeclared_properties_is_not_merged_with_properties_it_restricts() {
+        // `method` must be an integer here (it is not declared beside the
+        // additionalProperties): distributing would let a string in.
+        let closed = json!({
+            "type": "object", "additionalProperties": { "type": "integer" },
+            "oneOf": [ { "type": "object", "properties": { "method": { "const": "Card" } }, "required": ["method"] } ]
+        });
+        assert_eq!(normalized(closed.clone()), closed);
+        // The same beside a `$ref`, unless what joins is a tag: serde takes the tag off
+        // an internally tagged variant before its struct reads the rest.
+        let defs = json!({ "S": { "type": "object", "properties": { "a": { "type": "string" } }, "additionalProperties": false } });
+        let with_field =
+            json!({ "$defs": defs, "$ref": "#/$defs/S", "properties": { "b": { "type": "string" } } });
+        assert_eq!(normalized(with_field.clone()), with_field);
+        let with_tag = json!({ "$defs": defs, "$ref": "#/$defs/S", "properties": { "kind": { "const": "S" } }, "required": ["kind"] });
+        let merged = normalized(with_tag);
+        assert_eq!(merged.get("$ref"), None, "{merged}");
+        assert_eq!(merged["required"], json!(["kind"]));
+        // An open map and a struct stay apart: one object with properties reads as a
+        // struct that writes only those.
+        let map_and_struct = json!({ "allOf": [
+            { "type": "object", "additionalProperties": true },
+            { "type": "object", "properties": { "a": { "type": "string" } } } ] });
+        assert_eq!(normalized(map_and_struct.clone()), map_and_struct);
+    }
+
+    #[test]
+    fn a_schema_that_would_double_at_every_level_stays_bounded() {
+        // Each level inlines T twice: unbounded, 2^48 nodes.
+        let twice = json!({ "$ref": "#/$defs/T", "minProperties": 0 });
+        let out = normalized(json!({
+            "$defs": { "T": { "type": "object", "properties": { "l": twice.clone(), "r": twice } } },
+            "$ref": "#/$defs/T", "minProperties": 0
+        }));
+        let size = out.to_string().len();
+        assert!(size < 50_000_000, "{size} bytes");
     }
 
     #[test]

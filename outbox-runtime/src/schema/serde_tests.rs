@@ -496,3 +496,54 @@ fn maps_tuples_recursion_and_integer_widths_follow_serde() {
     let old = [crate::schema::serde_tests::defaults::AWithDefaultB { a: 1, b: "b".into() }];
     case("closed reader", &old, &[OnlyA { a: 1 }], Reads::OnlyForward);
 }
+
+mod closed {
+    use super::*;
+
+    #[derive(Serialize, Deserialize, JsonSchema)]
+    #[serde(tag = "method")]
+    pub(super) enum Method {
+        Card { last4: String },
+        Cash,
+    }
+    /// A flattened tagged enum beside a flattened map of integers: serde hands the map
+    /// the tag and the variant's fields too, and cannot read its own output.
+    #[derive(Serialize, Deserialize, JsonSchema)]
+    pub(super) struct WithMap {
+        pub(super) id: u64,
+        #[serde(flatten)]
+        pub(super) method: Method,
+        #[serde(flatten)]
+        pub(super) extra: BTreeMap<String, u32>,
+    }
+    #[derive(Serialize, Deserialize, JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct Card {
+        pub(super) last4: String,
+    }
+    /// `deny_unknown_fields` on an internally tagged variant's struct: serde takes the
+    /// tag off first, so the struct never sees it.
+    #[derive(Serialize, Deserialize, JsonSchema)]
+    #[serde(tag = "kind")]
+    pub(super) enum Pay {
+        Card(Card),
+        Cash,
+    }
+    #[derive(Serialize, Deserialize, JsonSchema)]
+    pub(super) struct Order {
+        pub(super) id: u64,
+        pub(super) pay: Pay,
+    }
+}
+
+#[test]
+fn what_restricts_undeclared_properties_is_not_merged_away() {
+    use closed::*;
+    // Each type against itself: the checker must not call a type compatible with itself
+    // when serde cannot read its own output, nor refuse one serde reads.
+    let with_map = [WithMap { id: 1, method: Method::Cash, extra: BTreeMap::from([("n".to_owned(), 1)]) }];
+    case("flattened enum beside a flattened map", &with_map, &with_map, Reads::Neither);
+    let orders =
+        [Order { id: 1, pay: Pay::Card(Card { last4: "4242".into() }) }, Order { id: 2, pay: Pay::Cash }];
+    case("deny_unknown_fields on a tagged variant", &orders, &orders, Reads::Both);
+}
