@@ -9,7 +9,6 @@
 pub mod compat;
 mod document;
 mod keywords;
-mod normalize;
 mod repo;
 
 pub use compat::{compare, compare_transitive, Direction, Incompatibility, Mode, Report, Rule};

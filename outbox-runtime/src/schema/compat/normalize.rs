@@ -27,8 +27,8 @@
 
 use serde_json::{Map, Value};
 
-use super::document::SchemaDoc;
-use super::keywords::{is_annotation, SCHEMA_ARRAY_KEYWORDS, SCHEMA_KEYWORDS, SCHEMA_MAP_KEYWORDS};
+use crate::schema::document::SchemaDoc;
+use crate::schema::keywords::{is_annotation, SCHEMA_ARRAY_KEYWORDS, SCHEMA_KEYWORDS, SCHEMA_MAP_KEYWORDS};
 
 /// How deep rewriting goes: a recursive type whose `$ref` has siblings would otherwise be
 /// inlined into itself forever. Deeper nodes are left as they are.
