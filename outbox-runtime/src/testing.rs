@@ -87,14 +87,28 @@ impl EmbeddedKafka {
     /// (The mock cluster cannot create topics through the admin API, so it is asked
     /// directly.)
     pub async fn create_topic(&self, topic: &str, partitions: i32) -> Result<()> {
+        self.create_topic_with(topic, partitions, &[]).await
+    }
+
+    /// [`EmbeddedKafka::create_topic`] with topic settings (`retention.ms`, ...), which the
+    /// mock cluster ignores: it takes none.
+    pub async fn create_topic_with(
+        &self,
+        topic: &str,
+        partitions: i32,
+        settings: &[(&str, &str)],
+    ) -> Result<()> {
         if let Some(mock) = &self.mock {
             return Ok(mock.create_topic(topic, partitions, 1)?);
         }
         let admin: AdminClient<DefaultClientContext> =
             ClientConfig::new().set("bootstrap.servers", &self.bootstrap).create()?;
-        let topics = [NewTopic::new(topic, partitions, TopicReplication::Fixed(1))];
+        let mut new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+        for (key, value) in settings {
+            new_topic = new_topic.set(key, value);
+        }
         let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-        for result in admin.create_topics(&topics, &options).await? {
+        for result in admin.create_topics(&[new_topic], &options).await? {
             match result {
                 Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
                 Err((_, code)) => return Err(Error::Kafka(rdkafka::error::KafkaError::AdminOp(code))),

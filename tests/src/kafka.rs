@@ -5,26 +5,22 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use outbox_runtime::testing::EmbeddedKafka;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-/// A broker for one test.
+/// A broker for one test: [`EmbeddedKafka`], the library's test broker, with the readers
+/// tests need (records, committed offsets, watermarks).
 pub struct Kafka {
-    mock: Option<MockCluster<'static, DefaultProducerContext>>,
-    bootstrap: String,
+    inner: EmbeddedKafka,
 }
 
 impl std::fmt::Debug for Kafka {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kafka")
-            .field("bootstrap", &self.bootstrap)
-            .field("mock", &self.mock.is_some())
-            .finish()
+        self.inner.fmt(f)
     }
 }
 
@@ -46,27 +42,22 @@ pub struct Record {
 impl Kafka {
     /// `KAFKA_BROKERS` if set, else a fresh in-process mock cluster.
     pub fn start() -> Kafka {
-        match std::env::var("KAFKA_BROKERS") {
-            Ok(bootstrap) if !bootstrap.is_empty() => Kafka { mock: None, bootstrap },
-            _ => Kafka::mock(),
-        }
+        Kafka { inner: EmbeddedKafka::from_env().expect("broker") }
     }
 
     /// A fresh in-process mock cluster with one broker (id 1), for fault injection.
     pub fn mock() -> Kafka {
-        let mock = MockCluster::new(1).expect("mock cluster");
-        let bootstrap = mock.bootstrap_servers();
-        Kafka { mock: Some(mock), bootstrap }
+        Kafka { inner: EmbeddedKafka::start().expect("mock cluster") }
     }
 
     /// The bootstrap servers.
     pub fn bootstrap(&self) -> &str {
-        &self.bootstrap
+        self.inner.bootstrap()
     }
 
     /// The mock cluster, when this is one.
     pub fn mock_cluster(&self) -> Option<&MockCluster<'static, DefaultProducerContext>> {
-        self.mock.as_ref()
+        self.inner.mock_cluster()
     }
 
     /// Creates `topic` with `partitions` partitions unless it exists.
@@ -76,35 +67,13 @@ impl Kafka {
 
     /// Creates `topic` with topic settings (ignored by the mock cluster, which takes none).
     pub async fn create_topic_with(&self, topic: &str, partitions: i32, settings: &[(&str, &str)]) {
-        if let Some(mock) = &self.mock {
-            mock.create_topic(topic, partitions, 1).expect("create topic on the mock cluster");
-            return;
-        }
-        let admin: AdminClient<DefaultClientContext> =
-            ClientConfig::new().set("bootstrap.servers", &self.bootstrap).create().expect("admin client");
-        let mut new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-        for (key, value) in settings {
-            new_topic = new_topic.set(key, value);
-        }
-        let results = admin
-            .create_topics(
-                &[new_topic],
-                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-            )
-            .await
-            .expect("create topics");
-        for result in results {
-            match result {
-                Ok(_) | Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((name, code)) => panic!("cannot create topic {name}: {code:?}"),
-            }
-        }
+        self.inner.create_topic_with(topic, partitions, settings).await.expect("create topic");
     }
 
     /// The offsets `group` committed on `topic`'s first `partitions` partitions (-1: none).
     pub fn committed(&self, group: &str, topic: &str, partitions: i32) -> Vec<i64> {
         let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &self.bootstrap)
+            .set("bootstrap.servers", self.inner.bootstrap())
             .set("group.id", group)
             .create()
             .expect("client");
@@ -119,7 +88,7 @@ impl Kafka {
     /// Low and high watermarks of `topic`'s first `partitions` partitions.
     pub fn watermarks(&self, topic: &str, partitions: i32) -> Vec<(i64, i64)> {
         let consumer: BaseConsumer =
-            ClientConfig::new().set("bootstrap.servers", &self.bootstrap).create().expect("client");
+            ClientConfig::new().set("bootstrap.servers", self.inner.bootstrap()).create().expect("client");
         (0..partitions)
             .map(|p| consumer.fetch_watermarks(topic, p, Duration::from_secs(10)).expect("watermarks"))
             .collect()
@@ -130,7 +99,7 @@ impl Kafka {
     /// tried), within `timeout`. Returns them in partition then offset order.
     pub fn read_all(&self, topic: &str, timeout: Duration) -> Vec<Record> {
         let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &self.bootstrap)
+            .set("bootstrap.servers", self.inner.bootstrap())
             .set("group.id", format!("outbox-tests-reader-{}", uuid::Uuid::new_v4()))
             .set("enable.auto.commit", "false")
             .create()
