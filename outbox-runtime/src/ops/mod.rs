@@ -11,9 +11,11 @@ use crate::capacity::seconds_to_full;
 use crate::error::Result;
 use crate::outbox::Outbox;
 
+mod gauges;
 mod reconcile;
 mod replay;
 
+pub use gauges::Gauges;
 pub use reconcile::{InboxSide, Reconciliation, ReconciliationRow};
 pub use replay::{ReplayFilter, ReplayReport};
 
