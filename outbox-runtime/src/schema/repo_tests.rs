@@ -281,3 +281,20 @@ fn the_writers_contract_is_committed_beside_the_readers_when_they_differ() {
     let sent = SchemaDoc::from_value("sent", sent).expect("schema");
     assert!(std::ptr::eq(sent.writer(), &sent), "a one-schema document is its own writer");
 }
+
+#[test]
+fn a_committed_writer_part_that_is_not_a_schema_is_bad_input_naming_it() {
+    // Foreign or hand-edited files: `x-outbox.writer` must be a schema whose `$ref`s
+    // resolve inside it, or the file is refused (exit 2) rather than judged by half.
+    for (writer, expect) in [
+        (serde_json::json!(5), "a schema is an object or a boolean"),
+        (serde_json::json!({ "type": "strng" }), "type must be one of"),
+        (serde_json::json!({ "$ref": "#/$defs/Gone" }), "unresolvable $ref"),
+    ] {
+        let doc = serde_json::json!({ "type": "object", "x-outbox": { "writer": writer } });
+        let err = SchemaDoc::from_value("v1.json", doc).expect_err("not a schema");
+        let text = err.to_string();
+        assert!(text.starts_with("v1.json (x-outbox.writer): "), "{text}");
+        assert!(text.contains(expect), "{text}");
+    }
+}
