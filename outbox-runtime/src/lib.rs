@@ -53,6 +53,8 @@ extern crate self as outbox_runtime;
 #[cfg(feature = "runtime")]
 mod append;
 #[cfg(feature = "runtime")]
+mod backoff;
+#[cfg(feature = "runtime")]
 mod capacity;
 #[cfg(feature = "runtime")]
 mod cleanup;

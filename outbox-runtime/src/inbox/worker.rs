@@ -27,7 +27,7 @@ use super::failure::{self, Failure};
 use super::message::Incoming;
 use super::store::{Outcome, Store};
 use super::{Handlers, InboxStats};
-use crate::relay::backoff_delay;
+use crate::backoff;
 
 /// The least time between two retry warnings of one worker (the others are logged at debug,
 /// and counted in the next warning).
@@ -332,7 +332,7 @@ impl Worker {
                 continue;
             }
             self.stats.record(&self.consumer, &Outcome::RetryLater(String::new()));
-            let delay = backoff_delay(base, max, tries);
+            let delay = backoff::delay(base, max, tries);
             let stage = if matches!(stage, Stage::Process) { "inbox" } else { "park" };
             let cause = if counted { "failure that may pass" } else { "database unavailable" };
             match throttle.allow() {

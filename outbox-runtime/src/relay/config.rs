@@ -1,0 +1,222 @@
+//! [`RelayConfig`]: how a relay runs, and the checks that keep its settings from breaking
+//! a guarantee (invariant 12).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::cleanup::Cleanup;
+use crate::error::{Error, Result};
+use crate::kafka_settings::canonical;
+use crate::secrets::{redact_urls, redacted};
+
+/// How a relay runs. Every setting has a default except the brokers. Its `Debug` redacts
+/// secrets among the producer settings.
+#[derive(Clone)]
+pub struct RelayConfig {
+    pub(super) brokers: String,
+    pub(super) batch_size: u32,
+    pub(super) poll_interval: Duration,
+    pub(super) lease_ttl: Duration,
+    pub(super) message_timeout: Duration,
+    pub(super) backoff_base: Duration,
+    pub(super) backoff_max: Duration,
+    pub(super) max_attempts: Option<u32>,
+    pub(super) missing_topic_timeout: Duration,
+    pub(super) source: String,
+    pub(super) producer: BTreeMap<String, String>,
+    pub(super) cleanup: Option<Cleanup>,
+}
+
+impl std::fmt::Debug for RelayConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayConfig")
+            .field("brokers", &redact_urls(&self.brokers))
+            .field("batch_size", &self.batch_size)
+            .field("poll_interval", &self.poll_interval)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("message_timeout", &self.message_timeout)
+            .field("backoff_base", &self.backoff_base)
+            .field("backoff_max", &self.backoff_max)
+            .field("max_attempts", &self.max_attempts)
+            .field("missing_topic_timeout", &self.missing_topic_timeout)
+            .field("source", &self.source)
+            .field("producer", &redacted(&self.producer))
+            .field("cleanup", &self.cleanup)
+            .finish()
+    }
+}
+
+impl RelayConfig {
+    /// A relay publishing to `brokers` (Kafka's `bootstrap.servers`), otherwise defaults.
+    pub fn new(brokers: impl Into<String>) -> Self {
+        RelayConfig {
+            brokers: brokers.into(),
+            batch_size: 2000,
+            poll_interval: Duration::from_secs(1),
+            lease_ttl: Duration::from_secs(30),
+            message_timeout: Duration::from_secs(10),
+            backoff_base: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(300),
+            max_attempts: None,
+            missing_topic_timeout: Duration::from_secs(300),
+            source: "/outbox".to_owned(),
+            producer: BTreeMap::new(),
+            cleanup: Some(Cleanup::default()),
+        }
+    }
+
+    /// Most rows read and published per batch. Default: 2,000.
+    #[must_use]
+    pub fn batch_size(mut self, rows: u32) -> Self {
+        self.batch_size = rows;
+        self
+    }
+
+    /// How often to look for work when no NOTIFY arrives (a fallback: appends wake the
+    /// relay at commit). Default: 1 s.
+    #[must_use]
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// How long a work partition lease lasts without renewal; a relay that dies leaves its
+    /// partitions to the others after this long. Renewed every third of it. Must exceed
+    /// twice the message timeout. Default: 30 s.
+    #[must_use]
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// How long a batch's records may take to be acknowledged. Past it, the relay purges
+    /// what the producer still holds (a transient failure, retried with backoff);
+    /// librdkafka's own `message.timeout.ms` is set to twice this, as a backstop that never
+    /// fires first. Default: 10 s.
+    #[must_use]
+    pub fn message_timeout(mut self, timeout: Duration) -> Self {
+        self.message_timeout = timeout;
+        self
+    }
+
+    /// First retry delay after a transient failure; it doubles with each attempt, with
+    /// jitter, up to [`RelayConfig::backoff_max`]. Default: 500 ms.
+    #[must_use]
+    pub fn backoff_base(mut self, delay: Duration) -> Self {
+        self.backoff_base = delay;
+        self
+    }
+
+    /// Largest retry delay. Default: 5 min.
+    #[must_use]
+    pub fn backoff_max(mut self, delay: Duration) -> Self {
+        self.backoff_max = delay;
+        self
+    }
+
+    /// After this many failed attempts a transiently failing event is marked `failed` too.
+    /// Default: none (retry until it succeeds; nothing is given up automatically).
+    #[must_use]
+    pub fn max_attempts(mut self, attempts: Option<u32>) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// How long an event waits for its topic when the cluster says the topic does not
+    /// exist. Until then it is not sent (a send could only time out); it stays pending with
+    /// a `last_error` naming the topic and is asked about again within 30 s; being held
+    /// back is not an attempt. Once the cluster has said "missing" for this long (from the
+    /// first such answer this relay got to one this long after it), the event is marked
+    /// `failed` with that reason, holding back only its aggregate's later events; `outbox
+    /// retry` puts it back once the topic exists. Default: 5 min.
+    #[must_use]
+    pub fn missing_topic_timeout(mut self, timeout: Duration) -> Self {
+        self.missing_topic_timeout = timeout;
+        self
+    }
+
+    /// The CloudEvents `source` attribute (`ce_source` header). Default: `/outbox`.
+    #[must_use]
+    pub fn source(mut self, source: impl Into<String>) -> Self {
+        self.source = source.into();
+        self
+    }
+
+    /// A librdkafka producer setting (e.g. `compression.type`, `security.protocol`).
+    /// `acks` and `enable.idempotence` are fixed and cannot be set.
+    #[must_use]
+    pub fn producer_setting(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.producer.insert(key.into(), value.into());
+        self
+    }
+
+    /// Deleting published rows after a retention period; `None` turns it off.
+    /// Default: [`Cleanup::default`].
+    #[must_use]
+    pub fn cleanup(mut self, cleanup: Option<Cleanup>) -> Self {
+        self.cleanup = cleanup;
+        self
+    }
+
+    /// Checks every setting against the relay's guarantees (invariant 12): a send must end
+    /// within its lease, and nothing may weaken acks=all, idempotence or per-partition
+    /// order, whatever name or alias sets it.
+    pub(super) fn validate(&self) -> Result<()> {
+        if self.batch_size == 0 || self.batch_size > 100_000 {
+            return Err(Error::Config(format!("batch_size must be 1 to 100000, not {}", self.batch_size)));
+        }
+        if self.message_timeout.is_zero() {
+            return Err(Error::Config(
+                "message_timeout is 0, which librdkafka takes as no timeout: a send could outlive its lease and \
+                 another relay publish the same aggregate meanwhile"
+                    .into(),
+            ));
+        }
+        if self.max_attempts == Some(0) {
+            return Err(Error::Config(
+                "max_attempts is Some(0): give at least 1, or None to retry until published".into(),
+            ));
+        }
+        for (key, value) in &self.producer {
+            let refused = match canonical(key) {
+                "request.required.acks" | "enable.idempotence" | "enable.gapless.guarantee" => {
+                    "the relay's guarantees need acks=all, enable.idempotence=true and enable.gapless.guarantee=true"
+                }
+                "transactional.id" => "the relay publishes with the idempotent producer, not with transactions",
+                "message.timeout.ms" => {
+                    "set it with RelayConfig::message_timeout, which is checked against the lease: a send must end \
+                     within its lease"
+                }
+                "max.in.flight" if value.trim() != "1" => {
+                    "the relay sends an aggregate's events without waiting for each acknowledgement, so it keeps one \
+                     produce request in flight per broker: with more, a retried request could be written after a later \
+                     one by a broker that does not check the idempotent producer's sequence numbers (librdkafka's mock \
+                     cluster does not)"
+                }
+                _ => continue,
+            };
+            // No refused setting holds a secret, but its value may be a URL with one.
+            let shown = redact_urls(value);
+            return Err(Error::Config(format!("producer_setting {key} = {shown:?} is refused: {refused}")));
+        }
+        if self.lease_ttl <= self.message_timeout * 2 {
+            return Err(Error::Config(format!(
+                "lease_ttl ({:?}) must exceed twice the message timeout ({:?}): a batch must end within a lease",
+                self.lease_ttl, self.message_timeout
+            )));
+        }
+        if self.missing_topic_timeout.is_zero() {
+            return Err(Error::Config(
+                "missing_topic_timeout is 0: events would be failed the moment their topic is not found"
+                    .into(),
+            ));
+        }
+        if self.poll_interval.is_zero() || self.backoff_base.is_zero() || self.backoff_max < self.backoff_base
+        {
+            return Err(Error::Config(
+                "poll_interval and backoff_base must be positive, backoff_max >= backoff_base".into(),
+            ));
+        }
+        Ok(())
+    }
+}
