@@ -1,7 +1,5 @@
 //! Exponential backoff with jitter.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 /// The delay before attempt `attempt + 1` after `attempt` failures (1-based): `base * 2^(attempt-1)`,
@@ -12,13 +10,9 @@ pub(crate) fn delay(base: Duration, max: Duration, attempt: u32) -> Duration {
     exp / 2 + exp.mul_f64(random_unit() / 2.0)
 }
 
-/// A uniformly distributed number in `[0, 1)`, from the standard library's randomly keyed hasher.
+/// A uniformly distributed number in `[0, 1)`.
 pub(crate) fn random_unit() -> f64 {
-    let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u64(0x9e37_79b9_7f4a_7c15);
-    #[allow(clippy::cast_precision_loss)]
-    let unit = (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64;
-    unit
+    fastrand::f64()
 }
 
 #[cfg(test)]

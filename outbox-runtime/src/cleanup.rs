@@ -7,7 +7,7 @@ use sqlx::{AssertSqlSafe, PgPool};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::outbox::Outbox;
 
 /// When and how the relay deletes published rows.
@@ -38,18 +38,45 @@ impl Cleanup {
         self
     }
 
-    /// Rows deleted per transaction. Default: 1,000.
+    /// Rows deleted per transaction, 1 to 100,000. Default: 1,000.
     #[must_use]
     pub fn batch_size(mut self, rows: u32) -> Self {
-        self.batch_size = rows.max(1);
+        self.batch_size = rows;
         self
     }
 
-    /// Time between cleanup rounds. Default: 60 s.
+    /// Time between cleanup rounds, at least 1 s. Default: 60 s.
     #[must_use]
     pub fn interval(mut self, interval: Duration) -> Self {
         self.interval = interval;
         self
+    }
+
+    /// See [`Cleanup::retention`].
+    pub fn get_retention(&self) -> Duration {
+        self.retention
+    }
+    /// See [`Cleanup::batch_size`].
+    pub fn get_batch_size(&self) -> u32 {
+        self.batch_size
+    }
+    /// See [`Cleanup::interval`].
+    pub fn get_interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// Refuses a batch size of 0 (nothing would ever be deleted) or over 100,000 (one
+    /// transaction would hold that many row locks) and an interval under 1 s (a busy
+    /// loop); checked when the relay that runs it is built.
+    pub(crate) fn validate(&self) -> Result<()> {
+        check_batch_size("cleanup batch_size", self.batch_size)?;
+        if self.interval < Duration::from_secs(1) {
+            return Err(Error::Config(format!(
+                "cleanup interval ({:?}) must be at least 1 s",
+                self.interval
+            )));
+        }
+        Ok(())
     }
 
     pub(crate) async fn run(self, pool: PgPool, outbox: Outbox, shutdown: CancellationToken) {
@@ -65,6 +92,15 @@ impl Cleanup {
             }
         }
     }
+}
+
+/// Refuses a deletion batch of 0 rows (a loop deleting 0 per round never ends) or over
+/// 100,000 (one transaction holding that many row locks), naming `what`.
+pub(crate) fn check_batch_size(what: &str, rows: u32) -> Result<()> {
+    if rows == 0 || rows > 100_000 {
+        return Err(Error::Config(format!("{what} must be 1 to 100000, not {rows}")));
+    }
+    Ok(())
 }
 
 /// Which rows a deletion takes.
@@ -110,6 +146,7 @@ impl Outbox {
         batch_size: u32,
         stop: &CancellationToken,
     ) -> Result<u64> {
+        check_batch_size("batch_size", batch_size)?;
         let mut total = 0;
         while !stop.is_cancelled() {
             let deleted = self.delete_published_batch(pool, older_than, batch_size).await?;

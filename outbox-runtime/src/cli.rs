@@ -1,8 +1,10 @@
 //! The `outbox` operator command line (feature `cli`).
 //!
 //! Exit codes: 0 done; 1 nothing matched (no such failed event or parked message, nothing
-//! to retry) or, for `reconcile`, differences found; 2 bad arguments; 3 the database or
-//! the broker is unreachable or failed.
+//! to retry) or, for `reconcile`, differences found; 2 bad arguments or settings; 3 the
+//! database, the broker or the metrics listener is unreachable or failed; 4 the request
+//! conflicts with the current state (a message held behind an earlier one: release that
+//! first).
 //!
 //! There is no generic `consume`: applying an event needs the application's handlers, so
 //! a consumer is the application's own binary ([`Inbox`](crate::inbox::Inbox)); the
@@ -31,7 +33,7 @@ use crate::{Capacity, Error, Outbox, OutboxConfig};
     name = "outbox",
     version,
     about = "Operate a transactional outbox: migrate, relay, status, failed and retrying events, retry, discard, replay, purge, reconcile, inbox",
-    after_help = "Exit codes: 0 done; 1 nothing matched, or reconcile found differences; 2 bad arguments; 3 database or broker failure."
+    after_help = "Exit codes: 0 done; 1 nothing matched, or reconcile found differences; 2 bad arguments or settings; 3 database, broker or metrics listener failure; 4 conflicts with the current state (release the earlier message first)."
 )]
 struct Cli {
     /// PostgreSQL holding the outbox.
@@ -129,18 +131,23 @@ struct RelayArgs {
     /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9187).
     #[arg(long)]
     metrics_addr: Option<SocketAddr>,
-    /// Rows per batch.
-    #[arg(long, default_value_t = 500)]
+    /// Rows per batch. The default is the library's (`RelayConfig::batch_size`).
+    #[arg(long, default_value_t = RelayConfig::new("").get_batch_size())]
     batch_size: u32,
-    /// Poll interval when no NOTIFY arrives (e.g. 1s).
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
-    poll_interval: Duration,
-    /// Delete published rows older than this (e.g. 7d); off when not given.
-    #[arg(long, value_parser = parse_duration)]
-    cleanup_after: Option<Duration>,
-    /// How long an event waits for its topic to exist before it is marked failed.
-    #[arg(long, default_value = "5m", value_parser = parse_duration)]
-    missing_topic_timeout: Duration,
+    /// Poll interval when no NOTIFY arrives (e.g. 1s). The default is the library's.
+    #[arg(long, default_value_t = Dur(RelayConfig::new("").get_poll_interval()), value_parser = parse_dur)]
+    poll_interval: Dur,
+    /// Delete published rows older than this (e.g. 7d). The default is the library's
+    /// (`Cleanup::default`).
+    #[arg(long, default_value_t = Dur(Cleanup::default().get_retention()), value_parser = parse_dur)]
+    cleanup_after: Dur,
+    /// Do not delete published rows (overrides --cleanup-after).
+    #[arg(long)]
+    no_cleanup: bool,
+    /// How long an event waits for its topic to exist before it is marked failed. The
+    /// default is the library's.
+    #[arg(long, default_value_t = Dur(RelayConfig::new("").get_missing_topic_timeout()), value_parser = parse_dur)]
+    missing_topic_timeout: Dur,
 }
 
 #[derive(Subcommand)]
@@ -283,6 +290,29 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
 }
 
+/// A duration on the command line, shown in its largest whole unit (`7d`, `5m`, `250ms`),
+/// so that a default quoted from the library reads as a user would type it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Dur(Duration);
+
+impl std::fmt::Display for Dur {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = self.0.as_millis();
+        if ms % 1000 != 0 || ms == 0 {
+            return write!(f, "{ms}ms");
+        }
+        let s = ms / 1000;
+        match [(86_400, "d"), (3600, "h"), (60, "m")].into_iter().find(|(unit, _)| s % unit == 0) {
+            Some((unit, name)) => write!(f, "{}{name}", s / unit),
+            None => write!(f, "{s}s"),
+        }
+    }
+}
+
+fn parse_dur(text: &str) -> Result<Dur, String> {
+    parse_duration(text).map(Dur)
+}
+
 /// Parses the command line and runs it.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -304,6 +334,7 @@ impl From<Error> for Fail {
         match error {
             Error::NotFound(message) => Fail(1, message),
             Error::Config(_) | Error::InvalidIdentifier { .. } => Fail(2, error.to_string()),
+            Error::Conflict(_) => Fail(4, error.to_string()),
             _ => Fail(3, error.to_string()),
         }
     }
@@ -554,14 +585,15 @@ async fn relay(outbox: Outbox, pool: PgPool, args: RelayArgs) -> Result<ExitCode
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
     if let Some(addr) = args.metrics_addr {
-        crate::metrics::install_prometheus(addr).map_err(|e| Fail(2, e.to_string()))?;
+        crate::metrics::install_prometheus(addr)?;
         eprintln!("outbox: metrics on http://{addr}/metrics");
     }
+    let cleanup = (!args.no_cleanup).then(|| Cleanup::default().retention(args.cleanup_after.0));
     let config = RelayConfig::new(args.brokers)
         .batch_size(args.batch_size)
-        .poll_interval(args.poll_interval)
-        .missing_topic_timeout(args.missing_topic_timeout)
-        .cleanup(args.cleanup_after.map(|after| Cleanup::default().retention(after)));
+        .poll_interval(args.poll_interval.0)
+        .missing_topic_timeout(args.missing_topic_timeout.0)
+        .cleanup(cleanup);
     let relay = Relay::new(pool, outbox, config)?;
     let shutdown = CancellationToken::new();
     crate::signal::cancel_on_signal(shutdown.clone());
@@ -736,5 +768,30 @@ mod tests {
         assert!(super::parse_duration("7 weeks").unwrap_err().contains("unknown unit"));
         assert!(super::parse_duration("soon").unwrap_err().contains("not a duration"));
         assert!(super::parse_duration("-5m").is_err());
+    }
+
+    /// The relay command's defaults are the library's, and read back as what they are.
+    #[test]
+    fn relay_defaults_are_quoted_from_the_library() {
+        use clap::Parser;
+        let cli = super::Cli::try_parse_from(["outbox", "relay", "--brokers", "b:9092"]).expect("parse");
+        let super::Command::Relay(args) = cli.command else { panic!("relay") };
+        let library = crate::relay::RelayConfig::new("b:9092");
+        assert_eq!(args.batch_size, library.get_batch_size());
+        assert_eq!(args.poll_interval.0, library.get_poll_interval());
+        assert_eq!(args.missing_topic_timeout.0, library.get_missing_topic_timeout());
+        assert_eq!(
+            Some(args.cleanup_after.0),
+            library.get_cleanup().map(crate::relay::Cleanup::get_retention)
+        );
+        assert!(!args.no_cleanup, "cleanup is on by default, as in the library");
+        for d in [
+            Duration::from_secs(7 * 86_400),
+            Duration::from_secs(300),
+            Duration::from_millis(250),
+            Duration::from_secs(90),
+        ] {
+            assert_eq!(super::parse_duration(&super::Dur(d).to_string()), Ok(d), "{d:?}");
+        }
     }
 }

@@ -60,6 +60,21 @@ pub enum Error {
         /// `used` as a percentage of `limit`.
         percent: f64,
     },
+    /// What an operator asked for conflicts with the current state (a parked message held
+    /// behind an earlier one of its key, say): nothing was changed. Retrying the same
+    /// request fails the same way until the state changes.
+    #[error("{0}")]
+    Conflict(String),
+    /// The Prometheus exporter could not start (its address is taken, say, or a global
+    /// recorder is already installed).
+    #[cfg(feature = "prometheus")]
+    #[error("cannot serve metrics on {address}: {source}")]
+    Metrics {
+        /// The address asked for.
+        address: std::net::SocketAddr,
+        /// What the exporter said.
+        source: metrics_exporter_prometheus::BuildError,
+    },
     /// What an operator asked for does not exist (no such parked message, for instance).
     #[error("{0}")]
     NotFound(String),
@@ -122,7 +137,7 @@ impl Error {
                 })
             }
             #[cfg(feature = "runtime")]
-            Error::Kafka(_) => true,
+            Error::Kafka(e) => crate::kafka_codes::is_transient(e),
             Error::Backpressure { .. } => true,
             _ => false,
         }

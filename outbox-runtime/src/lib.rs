@@ -65,6 +65,8 @@ mod event;
 #[cfg(feature = "runtime")]
 pub mod inbox;
 #[cfg(feature = "runtime")]
+mod kafka_codes;
+#[cfg(feature = "runtime")]
 mod kafka_settings;
 #[cfg(feature = "runtime")]
 pub mod metrics;

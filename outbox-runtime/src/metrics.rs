@@ -84,7 +84,7 @@ pub fn install_prometheus(addr: std::net::SocketAddr) -> crate::Result<()> {
             b.set_buckets_for_metric(Matcher::Full(ATTEMPTS.to_owned()), &[1.0, 2.0, 3.0, 5.0, 10.0, 20.0])
         })
         .and_then(PrometheusBuilder::install)
-        .map_err(|e| crate::Error::Config(format!("cannot serve metrics on {addr}: {e}")))
+        .map_err(|source| crate::Error::Metrics { address: addr, source })
 }
 
 #[cfg(test)]

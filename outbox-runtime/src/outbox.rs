@@ -131,10 +131,10 @@ impl OutboxConfig {
     /// it is full, and appends of non-critical events
     /// ([`AppendOptions::critical`](crate::AppendOptions::critical)) are refused with
     /// [`Error::Backpressure`] once it is [`refuse_non_critical_at`](Self::refuse_non_critical_at)
-    /// full. Critical events are never refused. Default: none.
+    /// full. Critical events are never refused. `None` removes it. Default: none.
     #[must_use]
-    pub fn capacity(mut self, capacity: Capacity) -> Self {
-        self.capacity = Some(capacity);
+    pub fn capacity(mut self, capacity: impl Into<Option<Capacity>>) -> Self {
+        self.capacity = capacity.into();
         self
     }
 
@@ -152,6 +152,43 @@ impl OutboxConfig {
     pub fn capacity_check_interval(mut self, interval: Duration) -> Self {
         self.capacity_check_interval = interval;
         self
+    }
+
+    /// See [`OutboxConfig::schema`].
+    pub fn get_schema(&self) -> &str {
+        &self.schema
+    }
+    /// See [`OutboxConfig::table`].
+    pub fn get_table(&self) -> &str {
+        &self.table
+    }
+    /// See [`OutboxConfig::work_partitions`].
+    pub fn get_work_partitions(&self) -> u32 {
+        self.work_partitions
+    }
+    /// See [`OutboxConfig::max_record_bytes`].
+    pub fn get_max_record_bytes(&self) -> usize {
+        self.max_record_bytes
+    }
+    /// See [`OutboxConfig::notify`].
+    pub fn get_notify(&self) -> bool {
+        self.notify
+    }
+    /// See [`OutboxConfig::lock_aggregates`].
+    pub fn get_lock_aggregates(&self) -> bool {
+        self.lock_aggregates
+    }
+    /// See [`OutboxConfig::capacity`].
+    pub fn get_capacity(&self) -> Option<Capacity> {
+        self.capacity
+    }
+    /// See [`OutboxConfig::refuse_non_critical_at`].
+    pub fn get_refuse_non_critical_at(&self) -> f64 {
+        self.refuse_non_critical_at
+    }
+    /// See [`OutboxConfig::capacity_check_interval`].
+    pub fn get_capacity_check_interval(&self) -> Duration {
+        self.capacity_check_interval
     }
 }
 

@@ -68,19 +68,12 @@ struct Entry {
 
 /// `order.confirmed` -> `OrderConfirmed`.
 fn pascal(event_type: &str) -> String {
-    event_type
-        .split(['.', '_'])
-        .filter(|w| !w.is_empty())
-        .map(|w| {
-            let mut chars = w.chars();
-            chars.next().map(|c| c.to_ascii_uppercase().to_string() + chars.as_str()).unwrap_or_default()
-        })
-        .collect()
+    heck::ToUpperCamelCase::to_upper_camel_case(event_type)
 }
 
-/// `order.confirmed` -> `order_confirmed`.
+/// `billing.invoice_paid` -> `billing_invoice_paid`.
 fn snake(event_type: &str) -> String {
-    event_type.replace('.', "_")
+    heck::ToSnakeCase::to_snake_case(event_type)
 }
 
 fn entries(dir: &Path) -> Result<Vec<Entry>, TypegenError> {

@@ -416,7 +416,11 @@ async fn inbox_commands_list_request_retries_and_discard_parked_messages(pool: P
     assert_eq!(parked.as_array().map(Vec::len), Some(3));
     assert_eq!(parked[1]["status"], "held");
 
-    assert_eq!(inbox_cli(&["retry", "2"]).status.code(), Some(2), "held behind 1: release 1 first");
+    assert_eq!(
+        inbox_cli(&["retry", "2"]).status.code(),
+        Some(4),
+        "held behind 1: release 1 first (a conflict, not bad arguments)"
+    );
     assert_eq!(inbox_cli(&["retry", "99"]).status.code(), Some(1), "no such message");
     let retried = inbox_cli(&["retry", "3"]);
     assert_eq!(retried.status.code(), Some(0), "{retried:?}");

@@ -41,8 +41,7 @@ pub fn quick(kafka: &Kafka) -> RelayConfig {
         .poll_interval(Duration::from_millis(200))
         .lease_ttl(Duration::from_secs(6))
         .message_timeout(Duration::from_secs(2))
-        .backoff_base(Duration::from_millis(200))
-        .backoff_max(Duration::from_secs(2))
+        .backoff(Duration::from_millis(200), Duration::from_secs(2))
 }
 
 /// Starts a relay of `outbox` on `pool` with `config`.

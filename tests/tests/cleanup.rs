@@ -45,3 +45,33 @@ async fn cleanup_deletes_only_published_rows_past_retention_in_bounded_batches(p
         sqlx::query_scalar("SELECT min(id) FROM outbox").fetch_one(&pool).await.expect("min");
     assert_eq!(oldest_left, 31);
 }
+
+/// A batch size of 0 is an `Error::Config` naming it, from every deletion that takes one.
+/// Before the fix `delete_published(.., 0, ..)` deleted 0 rows a round and never returned
+/// (0 < 0 never ends the loop), and `purge` and `delete_applied` silently made it 1.
+#[sqlx::test(migrations = false)]
+async fn a_zero_batch_size_is_refused_by_name_instead_of_looping(pool: PgPool) {
+    let outbox = migrate(&pool).await;
+    let mut tx = pool.begin().await.expect("begin");
+    outbox.append(&mut tx, &Step { id: "z".into(), n: 1, data: String::new() }).await.expect("append");
+    tx.commit().await.expect("commit");
+    sqlx::query("UPDATE outbox SET status = 'published', published_at = now() - interval '10 days'")
+        .execute(&pool)
+        .await
+        .expect("publish");
+    let bounded = Duration::from_secs(10);
+    let refused = |result: outbox_runtime::Result<u64>| {
+        matches!(&result, Err(outbox_runtime::Error::Config(m)) if m.contains("batch_size")) || {
+            panic!("expected Error::Config naming batch_size, got {result:?}")
+        }
+    };
+    let stop = CancellationToken::new();
+    let cleanup = tokio::time::timeout(bounded, outbox.delete_published(&pool, WEEK, 0, &stop)).await;
+    assert!(refused(cleanup.expect("delete_published(.., 0, ..) returns instead of looping")));
+    let purge = tokio::time::timeout(bounded, outbox.purge(&pool, WEEK, 0, |_| {})).await;
+    assert!(refused(purge.expect("purge returns")));
+    assert!(refused(outbox.delete_published(&pool, WEEK, 100_001, &stop).await));
+    assert_eq!(rows_in(&pool, "published").await, 1, "nothing was deleted by a refused call");
+    let deleted = outbox.delete_published(&pool, WEEK, 1, &stop).await.expect("a batch of 1 works");
+    assert_eq!(deleted, 1);
+}

@@ -420,7 +420,7 @@ async fn operator_requests_from_another_process_are_carried_out_by_the_running_c
         .expect("held")
         .id;
     assert!(
-        matches!(admin.request_retry(held_a).await, Err(outbox_runtime::Error::Config(_))),
+        matches!(admin.request_retry(held_a).await, Err(outbox_runtime::Error::Conflict(_))),
         "held: release the head first"
     );
     assert!(matches!(admin.request_retry(999_999).await, Err(outbox_runtime::Error::NotFound(_))));

@@ -58,7 +58,7 @@ async fn the_payload_never_reaches_the_logs(pool: PgPool) {
     let relay = Relay::new(
         pool.clone(),
         outbox,
-        RelayConfig::new(kafka.bootstrap()).producer_setting("message.max.bytes", "4096"),
+        RelayConfig::new(kafka.bootstrap()).kafka_setting("message.max.bytes", "4096"),
     )
     .expect("relay");
     let stop = CancellationToken::new();

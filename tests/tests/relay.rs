@@ -231,7 +231,7 @@ async fn record_too_large_fails_that_event_and_holds_back_only_its_aggregate(poo
             .extend(append_steps(&pool, &outbox, &format!("healthy-{i}-{}", Uuid::new_v4()), 3, "ok").await);
     }
 
-    let relay = start(&pool, &outbox, quick(&kafka).producer_setting("message.max.bytes", "4096"));
+    let relay = start(&pool, &outbox, quick(&kafka).kafka_setting("message.max.bytes", "4096"));
     assert!(
         eventually(Duration::from_secs(30), || async {
             rows_in(&pool, "published").await == 19 && rows_in(&pool, "failed").await == 1
@@ -406,11 +406,8 @@ async fn failed_marks_back_off_instead_of_republishing_in_a_loop(pool: PgPool) {
     .await
     .expect("trigger");
     let ids = append_steps(&pool, &outbox, "read-only", 3, "x").await;
-    let relay = start(
-        &pool,
-        &outbox,
-        quick(&kafka).backoff_base(Duration::from_millis(200)).backoff_max(Duration::from_secs(2)),
-    );
+    let relay =
+        start(&pool, &outbox, quick(&kafka).backoff(Duration::from_millis(200), Duration::from_secs(2)));
     tokio::time::sleep(Duration::from_secs(4)).await;
     let sent_while_read_only = kafka.read_all(TOPIC, Duration::from_secs(10)).len();
     sqlx::query("DROP TRIGGER read_only ON outbox").execute(&pool).await.expect("writable again");
@@ -452,7 +449,7 @@ async fn a_missing_topic_is_named_then_failed_holding_back_only_its_aggregate(po
     let relay = start(
         &pool,
         &outbox,
-        quick(&kafka).producer_setting("allow.auto.create.topics", "false").missing_topic_timeout(timeout),
+        quick(&kafka).kafka_setting("allow.auto.create.topics", "false").missing_topic_timeout(timeout),
     );
 
     // While the topic is missing: the head event waits, naming the topic, listed as retrying.

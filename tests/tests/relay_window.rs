@@ -20,7 +20,7 @@ const TOPIC: &str = "outbox-test-steps";
 /// Small produce requests (10 records), so that one aggregate has several requests in
 /// flight at once: the case where a failure in the middle could leave a gap.
 fn windowed(kafka: &Kafka) -> RelayConfig {
-    quick(kafka).producer_setting("batch.num.messages", "10").producer_setting("linger.ms", "0")
+    quick(kafka).kafka_setting("batch.num.messages", "10").kafka_setting("linger.ms", "0")
 }
 
 /// Appends `per` events to each of `aggregates` aggregates, interleaved, versions 1..=per.

@@ -174,7 +174,7 @@ impl InboxAdmin {
         .fetch_one(&mut *tx)
         .await?;
         if earlier {
-            return Err(Error::Config(format!(
+            return Err(Error::Conflict(format!(
                 "message {id} is held behind an earlier one of its key: release that first"
             )));
         }

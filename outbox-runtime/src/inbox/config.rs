@@ -275,6 +275,63 @@ impl InboxConfig {
         self.shutdown_timeout
     }
 
+    /// Kafka's `bootstrap.servers`.
+    pub fn get_brokers(&self) -> &str {
+        &self.brokers
+    }
+    /// See [`InboxConfig::schema`].
+    pub fn get_schema(&self) -> &str {
+        &self.schema
+    }
+    /// See [`InboxConfig::table`].
+    pub fn get_table(&self) -> &str {
+        &self.table
+    }
+    /// See [`InboxConfig::replay_window`].
+    pub fn get_replay_window(&self) -> Duration {
+        self.replay_window
+    }
+    /// See [`InboxConfig::refuse_short_retention`].
+    pub fn get_refuse_short_retention(&self) -> bool {
+        self.refuse_short_retention
+    }
+    /// See [`InboxConfig::backoff`]: `(base, max)`.
+    pub fn get_backoff(&self) -> (Duration, Duration) {
+        (self.backoff_base, self.backoff_max)
+    }
+    /// See [`InboxConfig::queue_per_partition`].
+    pub fn get_queue_per_partition(&self) -> usize {
+        self.queue_per_partition
+    }
+    /// See [`InboxConfig::batch_size`].
+    pub fn get_batch_size(&self) -> usize {
+        self.batch_size
+    }
+    /// See [`InboxConfig::batch_wait`].
+    pub fn get_batch_wait(&self) -> Duration {
+        self.batch_wait
+    }
+    /// See [`InboxConfig::batch_timeout`].
+    pub fn get_batch_timeout(&self) -> Duration {
+        self.batch_timeout
+    }
+    /// See [`InboxConfig::buffer_per_partition`].
+    pub fn get_buffer_per_partition(&self) -> usize {
+        self.buffer_per_partition
+    }
+    /// See [`InboxConfig::commit_interval`].
+    pub fn get_commit_interval(&self) -> Duration {
+        self.commit_interval
+    }
+    /// See [`InboxConfig::operator_poll_interval`].
+    pub fn get_operator_poll_interval(&self) -> Duration {
+        self.operator_poll_interval
+    }
+    /// The value of a librdkafka setting given with [`InboxConfig::kafka_setting`].
+    pub fn get_kafka_setting(&self, key: &str) -> Option<&str> {
+        self.kafka.get(key).map(String::as_str)
+    }
+
     /// Checks every setting against what can work.
     pub(crate) fn validate(&self) -> Result<()> {
         if self.consumer.is_empty() || self.consumer.len() > 200 || self.consumer.contains('\0') {

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use futures_util::FutureExt;
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
-use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::statistics::Statistics;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -35,9 +35,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
+use super::cleanup::cleanup_loop;
 use super::retention::{self, RetentionVerdict};
 use super::worker::{panic_text, Worker, WARN_EVERY};
-use super::{cleanup_loop, Inbox};
+use super::Inbox;
 use crate::error::{Error, Result};
 
 type Place = (String, i32);
@@ -231,24 +232,6 @@ impl ConsumerContext for InboxContext {
     }
 }
 
-/// Receive errors after which the consumer cannot recover by itself.
-fn is_fatal(error: &KafkaError) -> bool {
-    match error {
-        KafkaError::MessageConsumptionFatal(_) => true,
-        KafkaError::MessageConsumption(code) => matches!(
-            code,
-            RDKafkaErrorCode::Fatal
-                | RDKafkaErrorCode::TopicAuthorizationFailed
-                | RDKafkaErrorCode::GroupAuthorizationFailed
-                | RDKafkaErrorCode::ClusterAuthorizationFailed
-                | RDKafkaErrorCode::SaslAuthenticationFailed
-                | RDKafkaErrorCode::InvalidGroupId
-                | RDKafkaErrorCode::Authentication
-        ),
-        _ => false,
-    }
-}
-
 impl Inbox {
     fn kafka_consumer(&self, shared: Arc<Shared>) -> Result<StreamConsumer<InboxContext>> {
         let mut config = ClientConfig::new();
@@ -265,9 +248,9 @@ impl Inbox {
             .set("group.id", &self.config.consumer)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false");
-        config.create_with_context(InboxContext { shared }).map_err(|e| {
-            Error::Config(format!("cannot create the Kafka consumer of inbox {}: {e}", self.config.consumer))
-        })
+        config
+            .create_with_context(InboxContext { shared })
+            .map_err(|e| crate::kafka_codes::client_error("InboxConfig::kafka_setting", e))
     }
 
     /// See [`Inbox::run`].
@@ -291,13 +274,12 @@ impl Inbox {
             // Refusing needs the verdict before consuming anything.
             match retention::check_topics(&self.config).await {
                 RetentionVerdict::Short(message) => return Err(Error::Config(message)),
-                verdict => super::warn_retention(&self.config.consumer, verdict),
+                verdict => retention::warn(&self.config.consumer, verdict),
             }
         } else {
             // Only a warning: do not hold up start-up (some brokers never answer).
             let (config, name) = (self.config.clone(), self.config.consumer.clone());
-            tracker
-                .spawn(async move { super::warn_retention(&name, retention::check_topics(&config).await) });
+            tracker.spawn(async move { retention::warn(&name, retention::check_topics(&config).await) });
         }
         let topics: Vec<&str> = self.config.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
@@ -329,7 +311,7 @@ impl Inbox {
                         self.dispatch(&consumer, &shared, &tracker, &stop_all, &abandon, message);
                     }
                     Err(KafkaError::PartitionEOF(_)) => {}
-                    Err(error) if is_fatal(&error) => {
+                    Err(error) if crate::kafka_codes::is_fatal_receive(&error) => {
                         break Err(Error::Inbox(format!("the Kafka consumer cannot go on: {error}")));
                     }
                     Err(error) => {

@@ -3,7 +3,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::marker::PhantomData;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
@@ -12,44 +11,131 @@ use uuid::Uuid;
 
 use crate::OutboxEvent;
 
-/// Why a handler did not apply an event.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// A handler error's cause, kept for its chain (`std::error::Error::source`).
+type Cause = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a handler did not apply an event. Its cause, when given, stays reachable through
+/// [`std::error::Error::source`], and its whole chain is what the inbox records as the
+/// reason.
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum HandlerError {
     /// May succeed later (a lock timeout, a service briefly away): the transaction rolls
     /// back and the same message is retried with backoff, keeping its place.
-    #[error("transient: {0}")]
-    Transient(String),
+    Transient {
+        /// What went wrong, for the log and the record.
+        reason: String,
+        /// The error that caused it, if any.
+        source: Option<Cause>,
+    },
     /// Will fail again (the event contradicts the consumer's state): the transaction rolls
     /// back, the message is parked with this reason, and later messages of its key are
     /// held behind it until an operator retries or discards it.
-    #[error("permanent: {0}")]
-    Permanent(String),
+    Permanent {
+        /// What went wrong, for the log and the record.
+        reason: String,
+        /// The error that caused it, if any.
+        source: Option<Cause>,
+    },
 }
 
 impl HandlerError {
     /// A transient error with `reason`.
     pub fn transient(reason: impl std::fmt::Display) -> Self {
-        HandlerError::Transient(reason.to_string())
+        HandlerError::Transient { reason: reason.to_string(), source: None }
     }
 
     /// A permanent error with `reason`.
     pub fn permanent(reason: impl std::fmt::Display) -> Self {
-        HandlerError::Permanent(reason.to_string())
+        HandlerError::Permanent { reason: reason.to_string(), source: None }
+    }
+
+    /// The same error with `cause` as its source: `HandlerError::transient("ledger
+    /// busy").with_source(io_error)`. The recorded reason then carries the cause's chain.
+    #[must_use]
+    pub fn with_source(
+        mut self,
+        cause: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        let cause: Cause = Arc::from(cause.into());
+        match &mut self {
+            HandlerError::Transient { source, .. } | HandlerError::Permanent { source, .. } => {
+                *source = Some(cause)
+            }
+        }
+        self
+    }
+
+    /// Whether the inbox retries it (transient) rather than parking the message.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, HandlerError::Transient { .. })
+    }
+
+    /// The reason followed by each cause in its source chain (`reason: cause: its
+    /// cause`), a cause left out when the text before it already says it: what the inbox
+    /// records and logs.
+    pub fn reason_with_causes(&self) -> String {
+        let (HandlerError::Transient { reason, .. } | HandlerError::Permanent { reason, .. }) = self;
+        let mut text = reason.clone();
+        let mut next = std::error::Error::source(self);
+        while let Some(cause) = next {
+            let said = cause.to_string();
+            if !said.is_empty() && !text.contains(&said) {
+                text.push_str(": ");
+                text.push_str(&said);
+            }
+            next = cause.source();
+        }
+        text
     }
 }
+
+impl std::fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HandlerError::Transient { reason, .. } => write!(f, "transient: {reason}"),
+            HandlerError::Permanent { reason, .. } => write!(f, "permanent: {reason}"),
+        }
+    }
+}
+
+/// The source is the cause itself (not the `Arc` around it), so it downcasts to its type.
+impl std::error::Error for HandlerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let (HandlerError::Transient { source, .. } | HandlerError::Permanent { source, .. }) = self;
+        source.as_deref().map(|cause| cause as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// Equal when of the same kind with the same reason (causes are not compared).
+impl PartialEq for HandlerError {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (HandlerError::Transient { reason: a, .. }, HandlerError::Transient { reason: b, .. })
+            | (HandlerError::Permanent { reason: a, .. }, HandlerError::Permanent { reason: b, .. }) => {
+                a == b
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Eq for HandlerError {}
 
 /// Database errors in a handler are permanent when they repeat for the same input (SQLSTATE
 /// classes 22 data exception, 23 integrity constraint violation, 54 program limit
 /// exceeded), transient otherwise (a transient error is retried up to
 /// [`InboxConfig::max_attempts`](super::InboxConfig::max_attempts) times, attempts being
-/// counted only while the database answers).
+/// counted only while the database answers). The sqlx error stays the source.
 impl From<sqlx::Error> for HandlerError {
     fn from(error: sqlx::Error) -> Self {
-        if super::failure::sqlx_is_permanent(&error) {
-            HandlerError::Permanent(error.to_string())
+        let permanent = super::failure::sqlx_is_permanent(&error);
+        let reason = error.to_string();
+        let source: Option<Cause> = Some(Arc::new(error));
+        if permanent {
+            HandlerError::Permanent { reason, source }
         } else {
-            HandlerError::Transient(error.to_string())
+            HandlerError::Transient { reason, source }
         }
     }
 }
@@ -82,8 +168,8 @@ pub struct Meta {
     pub headers: BTreeMap<String, String>,
 }
 
-/// A boxed future, as erased handlers return.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+/// A boxed future, as erased handlers return (futures' own).
+pub use futures_util::future::BoxFuture;
 
 /// Handles events of type `E` (decoded from the payload).
 ///
@@ -260,4 +346,33 @@ pub(crate) enum Resolved<'h> {
     Handler(&'h Arc<dyn Erased>),
     Ignored,
     Unhandled,
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::HandlerError;
+    use std::error::Error as _;
+
+    /// A handler's cause stays its `source()`, and the reason the inbox records carries the
+    /// chain (before, `HandlerError` kept only a string and the cause was lost).
+    #[test]
+    fn a_handler_error_keeps_its_cause_and_records_the_chain() {
+        let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "ledger did not answer");
+        let error = HandlerError::transient("posting failed").with_source(io);
+        assert!(error.is_transient());
+        assert_eq!(error.source().map(ToString::to_string).as_deref(), Some("ledger did not answer"));
+        assert_eq!(error.reason_with_causes(), "posting failed: ledger did not answer");
+        assert_eq!(error.to_string(), "transient: posting failed");
+
+        // A cause the reason already states is not repeated.
+        let error = HandlerError::permanent("ledger did not answer")
+            .with_source(std::io::Error::other("ledger did not answer"));
+        assert_eq!(error.reason_with_causes(), "ledger did not answer");
+        assert!(!error.is_transient());
+
+        // sqlx errors keep their source and their class.
+        let error = HandlerError::from(sqlx::Error::RowNotFound);
+        assert!(error.source().and_then(|e| e.downcast_ref::<sqlx::Error>()).is_some());
+        assert_eq!(error, HandlerError::transient(sqlx::Error::RowNotFound));
+    }
 }

@@ -135,6 +135,16 @@ fn unknown(config: &InboxConfig, why: &str) -> RetentionVerdict {
     ))
 }
 
+/// Logs a verdict that is not `Covered`, once, at start-up.
+pub(super) fn warn(consumer: &str, verdict: RetentionVerdict) {
+    match verdict {
+        RetentionVerdict::Covered => {}
+        RetentionVerdict::Short(message) | RetentionVerdict::Unknown(message) => {
+            tracing::warn!(consumer, stage = "startup", "{message}");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -158,13 +158,14 @@ impl Outbox {
         batch_size: u32,
         mut progress: impl FnMut(u64),
     ) -> Result<u64> {
+        crate::cleanup::check_batch_size("batch_size", batch_size)?;
         let mut total = 0;
         loop {
             let deleted =
                 self.delete_batch(pool, Deletable::PublishedOrDiscarded, older_than, batch_size).await?;
             total += deleted;
             progress(total);
-            if deleted < u64::from(batch_size.max(1)) {
+            if deleted < u64::from(batch_size) {
                 return Ok(total);
             }
         }

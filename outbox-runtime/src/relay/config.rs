@@ -46,6 +46,10 @@ impl std::fmt::Debug for RelayConfig {
     }
 }
 
+/// The longest message timeout: librdkafka's `message.timeout.ms` (twice it) must fit in
+/// an `i32` of milliseconds.
+const MAX_MESSAGE_TIMEOUT: Duration = Duration::from_secs(12 * 24 * 3600);
+
 impl RelayConfig {
     /// A relay publishing to `brokers` (Kafka's `bootstrap.servers`), otherwise defaults.
     pub fn new(brokers: impl Into<String>) -> Self {
@@ -99,15 +103,26 @@ impl RelayConfig {
         self
     }
 
-    /// First retry delay after a transient failure; it doubles with each attempt, with
-    /// jitter, up to [`RelayConfig::backoff_max`]. Default: 500 ms.
+    /// Retry delays after transient failures: `base` after the first, doubling with each
+    /// attempt, with equal jitter, up to `max`. Default: 500 ms and 5 min. Refused unless
+    /// `0 < base <= max`.
+    #[must_use]
+    pub fn backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.backoff_base = base;
+        self.backoff_max = max;
+        self
+    }
+
+    /// First retry delay; see [`RelayConfig::backoff`], which sets both.
+    #[deprecated(since = "0.1.0", note = "use `backoff(base, max)`, as on InboxConfig")]
     #[must_use]
     pub fn backoff_base(mut self, delay: Duration) -> Self {
         self.backoff_base = delay;
         self
     }
 
-    /// Largest retry delay. Default: 5 min.
+    /// Largest retry delay; see [`RelayConfig::backoff`], which sets both.
+    #[deprecated(since = "0.1.0", note = "use `backoff(base, max)`, as on InboxConfig")]
     #[must_use]
     pub fn backoff_max(mut self, delay: Duration) -> Self {
         self.backoff_max = delay;
@@ -117,8 +132,8 @@ impl RelayConfig {
     /// After this many failed attempts a transiently failing event is marked `failed` too.
     /// Default: none (retry until it succeeds; nothing is given up automatically).
     #[must_use]
-    pub fn max_attempts(mut self, attempts: Option<u32>) -> Self {
-        self.max_attempts = attempts;
+    pub fn max_attempts(mut self, attempts: impl Into<Option<u32>>) -> Self {
+        self.max_attempts = attempts.into();
         self
     }
 
@@ -142,19 +157,29 @@ impl RelayConfig {
         self
     }
 
-    /// A librdkafka producer setting (e.g. `compression.type`, `security.protocol`).
-    /// `acks` and `enable.idempotence` are fixed and cannot be set.
+    /// A librdkafka producer setting (e.g. `compression.type`, `security.protocol`), as
+    /// [`InboxConfig::kafka_setting`](crate::inbox::InboxConfig::kafka_setting) is for the
+    /// consumer. `acks` and `enable.idempotence` are fixed and cannot be set, nor anything
+    /// else that would break a guarantee, under any name or alias; a value librdkafka
+    /// refuses is an [`Error::Config`] from [`Relay::new`](super::Relay::new).
     #[must_use]
-    pub fn producer_setting(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+    pub fn kafka_setting(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.producer.insert(key.into(), value.into());
         self
+    }
+
+    /// See [`RelayConfig::kafka_setting`].
+    #[deprecated(since = "0.1.0", note = "use `kafka_setting`, as on InboxConfig")]
+    #[must_use]
+    pub fn producer_setting(self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.kafka_setting(key, value)
     }
 
     /// Deleting published rows after a retention period; `None` turns it off.
     /// Default: [`Cleanup::default`].
     #[must_use]
-    pub fn cleanup(mut self, cleanup: Option<Cleanup>) -> Self {
-        self.cleanup = cleanup;
+    pub fn cleanup(mut self, cleanup: impl Into<Option<Cleanup>>) -> Self {
+        self.cleanup = cleanup.into();
         self
     }
 
@@ -171,6 +196,13 @@ impl RelayConfig {
                  another relay publish the same aggregate meanwhile"
                     .into(),
             ));
+        }
+        if self.message_timeout > MAX_MESSAGE_TIMEOUT {
+            return Err(Error::Config(format!(
+                "message_timeout ({:?}) must be at most {MAX_MESSAGE_TIMEOUT:?}: librdkafka's message.timeout.ms, \
+                 which the relay sets to twice it, holds at most 2^31-1 ms",
+                self.message_timeout
+            )));
         }
         if self.max_attempts == Some(0) {
             return Err(Error::Config(
@@ -197,9 +229,9 @@ impl RelayConfig {
             };
             // No refused setting holds a secret, but its value may be a URL with one.
             let shown = redact_urls(value);
-            return Err(Error::Config(format!("producer_setting {key} = {shown:?} is refused: {refused}")));
+            return Err(Error::Config(format!("kafka_setting {key} = {shown:?} is refused: {refused}")));
         }
-        if self.lease_ttl <= self.message_timeout * 2 {
+        if self.lease_ttl <= self.message_timeout.saturating_mul(2) {
             return Err(Error::Config(format!(
                 "lease_ttl ({:?}) must exceed twice the message timeout ({:?}): a batch must end within a lease",
                 self.lease_ttl, self.message_timeout
@@ -211,12 +243,63 @@ impl RelayConfig {
                     .into(),
             ));
         }
-        if self.poll_interval.is_zero() || self.backoff_base.is_zero() || self.backoff_max < self.backoff_base
-        {
-            return Err(Error::Config(
-                "poll_interval and backoff_base must be positive, backoff_max >= backoff_base".into(),
-            ));
+        if self.poll_interval.is_zero() {
+            return Err(Error::Config("poll_interval is 0: give a positive interval".into()));
+        }
+        if self.backoff_base.is_zero() || self.backoff_max < self.backoff_base {
+            return Err(Error::Config(format!(
+                "backoff ({:?}, {:?}) must have 0 < base <= max",
+                self.backoff_base, self.backoff_max
+            )));
+        }
+        if let Some(cleanup) = &self.cleanup {
+            cleanup.validate()?;
         }
         Ok(())
+    }
+
+    /// Kafka's `bootstrap.servers`.
+    pub fn get_brokers(&self) -> &str {
+        &self.brokers
+    }
+    /// See [`RelayConfig::batch_size`].
+    pub fn get_batch_size(&self) -> u32 {
+        self.batch_size
+    }
+    /// See [`RelayConfig::poll_interval`].
+    pub fn get_poll_interval(&self) -> Duration {
+        self.poll_interval
+    }
+    /// See [`RelayConfig::lease_ttl`].
+    pub fn get_lease_ttl(&self) -> Duration {
+        self.lease_ttl
+    }
+    /// See [`RelayConfig::message_timeout`].
+    pub fn get_message_timeout(&self) -> Duration {
+        self.message_timeout
+    }
+    /// See [`RelayConfig::backoff`]: `(base, max)`.
+    pub fn get_backoff(&self) -> (Duration, Duration) {
+        (self.backoff_base, self.backoff_max)
+    }
+    /// See [`RelayConfig::max_attempts`].
+    pub fn get_max_attempts(&self) -> Option<u32> {
+        self.max_attempts
+    }
+    /// See [`RelayConfig::missing_topic_timeout`].
+    pub fn get_missing_topic_timeout(&self) -> Duration {
+        self.missing_topic_timeout
+    }
+    /// See [`RelayConfig::source`].
+    pub fn get_source(&self) -> &str {
+        &self.source
+    }
+    /// The value of a librdkafka setting given with [`RelayConfig::kafka_setting`].
+    pub fn get_kafka_setting(&self, key: &str) -> Option<&str> {
+        self.producer.get(key).map(String::as_str)
+    }
+    /// See [`RelayConfig::cleanup`].
+    pub fn get_cleanup(&self) -> Option<&Cleanup> {
+        self.cleanup.as_ref()
     }
 }

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer, PurgeConfig};
 use rdkafka::ClientConfig;
@@ -62,7 +62,7 @@ pub(crate) fn producer(
     for (key, value) in FIXED {
         config.set(*key, *value);
     }
-    Ok(config.create()?)
+    config.create().map_err(|e| crate::kafka_codes::client_error("RelayConfig::kafka_setting", e))
 }
 
 /// The Kafka headers of a row: CloudEvents binary mode plus the outbox's extensions and
@@ -113,28 +113,13 @@ pub(crate) enum Sent {
     Held { reason: String, retry_in: std::time::Duration },
 }
 
-/// Errors that repeat however often the same record is sent.
-fn is_permanent(code: RDKafkaErrorCode) -> bool {
-    matches!(
-        code,
-        RDKafkaErrorCode::MessageSizeTooLarge
-            | RDKafkaErrorCode::InvalidMessageSize
-            | RDKafkaErrorCode::InvalidTopic
-            | RDKafkaErrorCode::TopicAuthorizationFailed
-            | RDKafkaErrorCode::ClusterAuthorizationFailed
-            | RDKafkaErrorCode::InvalidRecord
-            | RDKafkaErrorCode::InvalidMessage
-            | RDKafkaErrorCode::UnsupportedForMessageFormat
-            | RDKafkaErrorCode::PolicyViolation
-            | RDKafkaErrorCode::InvalidRequiredAcks
-    )
-}
-
 pub(crate) fn judge(error: &KafkaError) -> Sent {
     let reason = error.to_string();
     let label = error.rdkafka_error_code().map_or_else(|| "client".to_owned(), |code| format!("{code:?}"));
     match error.rdkafka_error_code() {
-        Some(code) if is_permanent(code) => Sent::Permanent { reason, code: label },
+        Some(code) if crate::kafka_codes::is_permanent_delivery(code) => {
+            Sent::Permanent { reason, code: label }
+        }
         _ => Sent::Transient { reason, code: label },
     }
 }

@@ -243,21 +243,21 @@ fn settings_that_break_a_guarantee_are_refused_whatever_name_sets_them() {
     let base = || RelayConfig::new("127.0.0.1:9092");
     let cases: Vec<(RelayConfig, &str)> = vec![
         (base().message_timeout(Duration::ZERO), "message_timeout is 0"),
-        (base().producer_setting("message.timeout.ms", "600000"), "message.timeout.ms"),
-        (base().producer_setting("delivery.timeout.ms", "600000"), "delivery.timeout.ms"),
-        (base().producer_setting("topic.message.timeout.ms", "600000"), "topic.message.timeout.ms"),
-        (base().producer_setting("acks", "1"), "acks"),
-        (base().producer_setting("request.required.acks", "1"), "request.required.acks"),
-        (base().producer_setting("topic.acks", "0"), "topic.acks"),
-        (base().producer_setting("enable.idempotence", "false"), "enable.idempotence"),
+        (base().kafka_setting("message.timeout.ms", "600000"), "message.timeout.ms"),
+        (base().kafka_setting("delivery.timeout.ms", "600000"), "delivery.timeout.ms"),
+        (base().kafka_setting("topic.message.timeout.ms", "600000"), "topic.message.timeout.ms"),
+        (base().kafka_setting("acks", "1"), "acks"),
+        (base().kafka_setting("request.required.acks", "1"), "request.required.acks"),
+        (base().kafka_setting("topic.acks", "0"), "topic.acks"),
+        (base().kafka_setting("enable.idempotence", "false"), "enable.idempotence"),
         (
-            base().producer_setting("max.in.flight.requests.per.connection", "100"),
+            base().kafka_setting("max.in.flight.requests.per.connection", "100"),
             "max.in.flight.requests.per.connection",
         ),
-        (base().producer_setting("max.in.flight", "6"), "max.in.flight"),
-        (base().producer_setting("max.in.flight", "5"), "max.in.flight"),
-        (base().producer_setting("enable.gapless.guarantee", "false"), "enable.gapless.guarantee"),
-        (base().producer_setting("transactional.id", "relay-1"), "transactional.id"),
+        (base().kafka_setting("max.in.flight", "6"), "max.in.flight"),
+        (base().kafka_setting("max.in.flight", "5"), "max.in.flight"),
+        (base().kafka_setting("enable.gapless.guarantee", "false"), "enable.gapless.guarantee"),
+        (base().kafka_setting("transactional.id", "relay-1"), "transactional.id"),
         (base().max_attempts(Some(0)), "max_attempts"),
         (base().lease_ttl(Duration::from_secs(15)).message_timeout(Duration::from_secs(10)), "lease_ttl"),
         (base().missing_topic_timeout(Duration::ZERO), "missing_topic_timeout"),
@@ -271,12 +271,11 @@ fn settings_that_break_a_guarantee_are_refused_whatever_name_sets_them() {
         }
     }
     base()
-        .producer_setting("max.in.flight", "1")
-        .producer_setting("compression.type", "lz4")
+        .kafka_setting("max.in.flight", "1")
+        .kafka_setting("compression.type", "lz4")
         .validate()
         .expect("allowed");
-    let secret =
-        base().producer_setting("sasl.password", "hunter2").producer_setting("transactional.id", "x");
+    let secret = base().kafka_setting("sasl.password", "hunter2").kafka_setting("transactional.id", "x");
     assert!(!format!("{secret:?}").contains("hunter2"), "Debug redacts secrets");
 }
 
@@ -286,11 +285,11 @@ fn settings_that_break_a_guarantee_are_refused_whatever_name_sets_them() {
 fn debug_never_shows_a_secret() {
     use super::RelayConfig;
     let config = RelayConfig::new("sasl_ssl://svc:hunter1@broker:9093")
-        .producer_setting("sasl.password", "hunter2")
-        .producer_setting("ssl.key.password", "hunter3")
-        .producer_setting("sasl.oauthbearer.client.secret", "hunter4")
-        .producer_setting("sasl.oauthbearer.token.endpoint.url", "https://idp/token?client_secret=hunter5")
-        .producer_setting("security.protocol", "SASL_SSL");
+        .kafka_setting("sasl.password", "hunter2")
+        .kafka_setting("ssl.key.password", "hunter3")
+        .kafka_setting("sasl.oauthbearer.client.secret", "hunter4")
+        .kafka_setting("sasl.oauthbearer.token.endpoint.url", "https://idp/token?client_secret=hunter5")
+        .kafka_setting("security.protocol", "SASL_SSL");
     let shown = format!("{config:?}");
     assert!(!shown.contains("hunter"), "{shown}");
     assert!(

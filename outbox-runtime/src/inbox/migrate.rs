@@ -1,0 +1,121 @@
+//! The inbox's tables: its migrations.
+
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{AssertSqlSafe, SqlSafeStr};
+
+use super::{Inbox, InboxNames};
+
+impl Inbox {
+    /// A migrator creating the inbox tables.
+    pub fn migrator(&self) -> Migrator {
+        let InboxNames { inbox, parked, aggregates, schema, table } = &self.names;
+        let v1 = format!(
+            r#"
+-- One row per (consumer, event) applied: the dedup key, plus what diagnosing needs.
+CREATE TABLE {inbox} (
+    consumer          text NOT NULL,
+    event_id          uuid NOT NULL,
+    event_type        text NOT NULL,
+    schema_version    integer NOT NULL,
+    aggregate_type    text,
+    aggregate_id      text,
+    aggregate_version bigint,
+    topic             text NOT NULL,
+    kafka_partition   integer NOT NULL,
+    kafka_offset      bigint NOT NULL,
+    outcome           text NOT NULL DEFAULT 'applied' CHECK (outcome IN ('applied', 'stale', 'discarded')),
+    applied_at        timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer, event_id)
+);
+CREATE INDEX "{table}_applied_at" ON {inbox} (applied_at);
+
+-- Messages not applied: parked with their reason, or held behind a parked one of their
+-- key. Raw bytes are kept: nothing is lost.
+CREATE TABLE {parked} (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    consumer        text NOT NULL,
+    topic           text NOT NULL,
+    kafka_partition integer NOT NULL,
+    kafka_offset    bigint NOT NULL,
+    record_key      bytea,
+    headers         jsonb NOT NULL,
+    payload         bytea NOT NULL,
+    event_id        uuid,
+    event_type      text,
+    schema_version  integer,
+    status          text NOT NULL CHECK (status IN ('parked', 'held', 'retried', 'discarded')),
+    reason          text NOT NULL,
+    parked_at       timestamptz NOT NULL DEFAULT now(),
+    resolved_at     timestamptz,
+    UNIQUE (consumer, topic, kafka_partition, kafka_offset)
+);
+CREATE INDEX "{table}_parked_open" ON {parked} (consumer, record_key, id) WHERE status IN ('parked', 'held');
+
+-- Last applied aggregate_version per aggregate and topic (order holds within a topic's
+-- partition only), with the gaps and stale events seen.
+CREATE TABLE {aggregates} (
+    consumer       text NOT NULL,
+    topic          text NOT NULL,
+    aggregate_type text NOT NULL,
+    aggregate_id   text NOT NULL,
+    last_version   bigint NOT NULL,
+    gaps           bigint NOT NULL DEFAULT 0,
+    stale          bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (consumer, topic, aggregate_type, aggregate_id)
+);
+"#
+        );
+        let migration = Migration::new(
+            1,
+            "inbox, parked, aggregates".into(),
+            MigrationType::Simple,
+            AssertSqlSafe(v1).into_sql_str(),
+            false,
+        );
+        let v2 = format!(
+            r#"
+-- Retries requested by operators (outbox inbox retry), carried out by the running consumer.
+ALTER TABLE {parked} ADD COLUMN retry_requested_at timestamptz;
+"#
+        );
+        let migration2 = Migration::new(
+            2,
+            "operator retry requests".into(),
+            MigrationType::Simple,
+            AssertSqlSafe(v2).into_sql_str(),
+            false,
+        );
+        let v3 = format!(
+            r#"
+-- Holds are keyed by topic and record key (a parked record holds back later records of its
+-- key in its topic only), hashed: keys may be any size, an index row about 2,700 bytes.
+-- Every header is kept as read, bytes included; null values are told from empty ones.
+DROP INDEX "{schema}"."{table}_parked_open";
+-- The database's encoding never changes, so the function is immutable and the key can be a
+-- generated column: every row gets it, however it is inserted.
+CREATE FUNCTION "{schema}"."{table}_hold_key"(topic text, record_key bytea) RETURNS bytea
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT sha256(convert_to(topic, 'UTF8') || decode('00', 'hex') || record_key) $$;
+ALTER TABLE {parked}
+    ADD COLUMN hold_key bytea GENERATED ALWAYS AS ("{schema}"."{table}_hold_key"(topic, record_key)) STORED,
+    ADD COLUMN raw_headers jsonb,
+    ADD COLUMN null_value boolean NOT NULL DEFAULT false;
+CREATE INDEX "{table}_parked_hold" ON {parked} (consumer, hold_key, id) WHERE status IN ('parked', 'held');
+-- Cleanup deletes one consumer's rows at a time.
+DROP INDEX "{schema}"."{table}_applied_at";
+CREATE INDEX "{table}_applied_at" ON {inbox} (consumer, applied_at);
+"#
+        );
+        let migration3 = Migration::new(
+            3,
+            "holds by topic and hashed key, raw headers, cleanup per consumer".into(),
+            MigrationType::Simple,
+            AssertSqlSafe(v3).into_sql_str(),
+            false,
+        );
+        let mut migrator = Migrator::with_migrations(vec![migration, migration2, migration3]);
+        migrator.create_schema(schema.clone());
+        migrator.dangerous_set_table_name(format!("\"{schema}\".\"{table}_migrations\""));
+        migrator
+    }
+}
