@@ -58,8 +58,6 @@ mod backoff;
 mod capacity;
 #[cfg(feature = "runtime")]
 mod cleanup;
-#[cfg(feature = "cli")]
-pub mod cli;
 mod error;
 mod event;
 #[cfg(feature = "runtime")]
@@ -81,7 +79,7 @@ pub mod registry;
 pub mod relay;
 pub mod schema;
 #[cfg(feature = "runtime")]
-mod secrets;
+pub mod secrets;
 #[cfg(feature = "signal")]
 pub mod signal;
 #[cfg(feature = "runtime")]

@@ -1,5 +1,6 @@
 //! Keeping secrets out of `Debug` output, logs and error messages: Kafka settings that
-//! hold a secret, and passwords in URLs (`user:password@`, `?password=`).
+//! hold a secret, and passwords in URLs (`user:password@`, `?password=`). The crate's own
+//! `Debug` and logs use it; [`redact_urls`] is public for a service's own messages.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -33,7 +34,7 @@ pub(crate) fn redacted(settings: &BTreeMap<String, String>) -> BTreeMap<&str, Co
 /// whitespace or quote), and the value of every `name=value` whose name holds a secret,
 /// in a URL's query (`?password=`, `sslpassword=`, `client_secret=`), in a keyword/value
 /// connection string (`host=db password=...`, quoted or not) or in a message.
-pub(crate) fn redact_urls(text: &str) -> Cow<'_, str> {
+pub fn redact_urls(text: &str) -> Cow<'_, str> {
     if !text.contains("://") && !text.contains('=') {
         return Cow::Borrowed(text);
     }

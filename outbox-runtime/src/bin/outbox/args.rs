@@ -1,0 +1,335 @@
+//! The command line: its commands, flags and their defaults (the library's, read from
+//! it), and durations as operators type them.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use outbox_runtime::relay::{Cleanup, RelayConfig};
+use uuid::Uuid;
+
+#[derive(Parser)]
+#[command(
+    name = "outbox",
+    version,
+    about = "Operate a transactional outbox: migrate, relay, status, failed and retrying events, retry, discard, replay, purge, reconcile, inbox",
+    after_help = "Exit codes: 0 done; 1 nothing matched, or reconcile found differences; 2 bad arguments or settings; 3 database, broker or metrics listener failure; 4 conflicts with the current state (release the earlier message first)."
+)]
+pub(crate) struct Cli {
+    /// PostgreSQL holding the outbox.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test",
+        global = true
+    )]
+    pub(crate) database_url: String,
+    /// Schema of the outbox tables.
+    #[arg(long, default_value = "public", global = true)]
+    pub(crate) schema: String,
+    /// Outbox table name.
+    #[arg(long, default_value = "outbox", global = true)]
+    pub(crate) table: String,
+    /// Capacity in unpublished events, for the forecast in `status` and the relay's metrics.
+    #[arg(long, global = true, conflicts_with = "capacity_bytes")]
+    pub(crate) capacity_rows: Option<u64>,
+    /// Capacity in bytes of the outbox table, for the forecast.
+    #[arg(long, global = true)]
+    pub(crate) capacity_bytes: Option<u64>,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Command {
+    /// Creates or upgrades the outbox tables.
+    Migrate,
+    /// Publishes the outbox to Kafka until SIGTERM or Ctrl-C.
+    Relay(RelayArgs),
+    /// Backlog, failed events, the age of the oldest unpublished event, rates, table size
+    /// and the capacity forecast.
+    Status {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Window the rates are measured over (e.g. 300s, 5m, 1h).
+        #[arg(long, default_value = "5m", value_parser = parse_duration)]
+        window: Duration,
+    },
+    /// Failed events.
+    #[command(subcommand)]
+    Failed(FailedCommand),
+    /// Pending events waiting for a retry after a failed attempt, with attempts, next
+    /// attempt and last error (never their payloads), oldest first.
+    Retrying {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Show at most this many (the total is always given).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Puts failed events back up for publication.
+    Retry(RetryArgs),
+    /// Discards an event for good; the events of its aggregate behind it flow again.
+    Discard {
+        /// The event to discard.
+        event_id: Uuid,
+        /// Why (kept with the event).
+        #[arg(long)]
+        reason: String,
+        /// Confirms the discard.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Publishes published events again, with their original event ids (consumers absorb
+    /// what they already applied).
+    Replay(ReplayArgs),
+    /// Deletes published and discarded events older than a duration, in batches; never
+    /// pending or failed ones.
+    Purge {
+        /// Age from which published (by publication time) and discarded (by creation
+        /// time) events are deleted (e.g. 7d, 12h).
+        #[arg(long, value_parser = parse_duration)]
+        older_than: Duration,
+        /// Rows per transaction.
+        #[arg(long, default_value_t = 1000)]
+        batch_size: u32,
+    },
+    /// Counts events per type and hour: appended, published and, given the consumer's
+    /// inbox, applied. Exits 1 when any differ.
+    Reconcile(ReconcileArgs),
+    /// A consumer's parked messages: list, retry, discard.
+    Inbox(InboxArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct RelayArgs {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "KAFKA_BROKERS")]
+    pub(crate) brokers: String,
+    /// Serve Prometheus metrics on this address (e.g. 0.0.0.0:9187).
+    #[arg(long)]
+    pub(crate) metrics_addr: Option<SocketAddr>,
+    /// Rows per batch. The default is the library's (`RelayConfig::batch_size`).
+    #[arg(long, default_value_t = RelayConfig::new("").get_batch_size())]
+    pub(crate) batch_size: u32,
+    /// Poll interval when no NOTIFY arrives (e.g. 1s). The default is the library's.
+    #[arg(long, default_value_t = Dur(RelayConfig::new("").get_poll_interval()), value_parser = parse_dur)]
+    pub(crate) poll_interval: Dur,
+    /// Delete published rows older than this (e.g. 7d). The default is the library's
+    /// (`Cleanup::default`).
+    #[arg(long, default_value_t = Dur(Cleanup::default().get_retention()), value_parser = parse_dur)]
+    pub(crate) cleanup_after: Dur,
+    /// Do not delete published rows (overrides --cleanup-after).
+    #[arg(long)]
+    pub(crate) no_cleanup: bool,
+    /// How long an event waits for its topic to exist before it is marked failed. The
+    /// default is the library's.
+    #[arg(long, default_value_t = Dur(RelayConfig::new("").get_missing_topic_timeout()), value_parser = parse_dur)]
+    pub(crate) missing_topic_timeout: Dur,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum FailedCommand {
+    /// Lists failed events with their reasons (never their payloads).
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+pub(crate) struct RetryArgs {
+    /// One failed event.
+    pub(crate) event_id: Option<Uuid>,
+    /// Every failed event of this aggregate id.
+    #[arg(long)]
+    pub(crate) aggregate: Option<String>,
+    /// Every failed event.
+    #[arg(long)]
+    pub(crate) all_failed: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct ReplayArgs {
+    #[command(flatten)]
+    pub(crate) filter: ReplayFilterArgs,
+    /// Count what would be replayed; change nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Args)]
+#[group(required = true, multiple = true)]
+pub(crate) struct ReplayFilterArgs {
+    /// Only this event type.
+    #[arg(long)]
+    pub(crate) event_type: Option<String>,
+    /// Only this aggregate id.
+    #[arg(long)]
+    pub(crate) aggregate: Option<String>,
+    /// Created at or after (a PostgreSQL timestamp, e.g. 2026-11-30T10:00:00Z).
+    #[arg(long)]
+    pub(crate) since: Option<String>,
+    /// Created before.
+    #[arg(long)]
+    pub(crate) until: Option<String>,
+}
+
+#[derive(Args)]
+pub(crate) struct ReconcileArgs {
+    /// Created at or after (a PostgreSQL timestamp, e.g. 2026-11-30T10:00:00Z).
+    #[arg(long)]
+    pub(crate) since: String,
+    /// Created before.
+    #[arg(long)]
+    pub(crate) until: String,
+    /// The consumer whose inbox to compare with.
+    #[arg(long, requires = "inbox_database_url")]
+    pub(crate) consumer: Option<String>,
+    /// The consumer's database.
+    #[arg(long, requires = "consumer")]
+    pub(crate) inbox_database_url: Option<String>,
+    /// Schema of the inbox tables.
+    #[arg(long, default_value = "public")]
+    pub(crate) inbox_schema: String,
+    /// Inbox table name.
+    #[arg(long, default_value = "inbox")]
+    pub(crate) inbox_table: String,
+    /// An event type the consumer must have applied (repeatable); other types count as
+    /// consumed when any of their events is in the inbox.
+    #[arg(long = "event-type")]
+    pub(crate) event_types: Vec<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct InboxArgs {
+    /// The consumer (its group id and inbox key).
+    #[arg(long)]
+    pub(crate) consumer: String,
+    /// Schema of the inbox tables.
+    #[arg(long, default_value = "public")]
+    pub(crate) inbox_schema: String,
+    /// Inbox table name.
+    #[arg(long, default_value = "inbox")]
+    pub(crate) inbox_table: String,
+    #[command(subcommand)]
+    pub(crate) command: InboxCommand,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum InboxCommand {
+    /// Parked and held messages (never their payloads).
+    Parked {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Asks the running consumer to apply a parked message again, then those held behind it.
+    Retry {
+        /// The parked message's id.
+        id: i64,
+    },
+    /// Discards a parked message for good; the consumer applies those held behind it.
+    Discard {
+        /// The parked message's id.
+        id: i64,
+        /// Why (kept with the message).
+        #[arg(long)]
+        reason: String,
+        /// Confirms the discard.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+/// A duration such as `90s`, `15m`, `12h`, `7d` or `250ms`; a bare number is seconds.
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 =
+        number.parse().map_err(|_| format!("{text:?} is not a duration such as 30s, 15m, 12h or 7d"))?;
+    let seconds = match unit {
+        "ms" => number / 1000.0,
+        "" | "s" => number,
+        "m" => number * 60.0,
+        "h" => number * 3600.0,
+        "d" => number * 86_400.0,
+        _ => return Err(format!("{text:?}: unknown unit {unit:?}; use ms, s, m, h or d")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+/// A duration on the command line, shown in its largest whole unit (`7d`, `5m`, `250ms`),
+/// so that a default quoted from the library reads as a user would type it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Dur(pub(crate) Duration);
+
+impl std::fmt::Display for Dur {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = self.0.as_millis();
+        if ms % 1000 != 0 || ms == 0 {
+            return write!(f, "{ms}ms");
+        }
+        let s = ms / 1000;
+        match [(86_400, "d"), (3600, "h"), (60, "m")].into_iter().find(|(unit, _)| s % unit == 0) {
+            Some((unit, name)) => write!(f, "{}{name}", s / unit),
+            None => write!(f, "{s}s"),
+        }
+    }
+}
+
+pub(crate) fn parse_dur(text: &str) -> Result<Dur, String> {
+    parse_duration(text).map(Dur)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn durations_take_a_unit_and_bad_ones_say_what_is_wrong() {
+        assert_eq!(super::parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(super::parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(super::parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert_eq!(super::parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(super::parse_duration("7 weeks").unwrap_err().contains("unknown unit"));
+        assert!(super::parse_duration("soon").unwrap_err().contains("not a duration"));
+        assert!(super::parse_duration("-5m").is_err());
+    }
+
+    /// The relay command's defaults are the library's, and read back as what they are.
+    #[test]
+    fn relay_defaults_are_quoted_from_the_library() {
+        use clap::Parser;
+        let cli = super::Cli::try_parse_from(["outbox", "relay", "--brokers", "b:9092"]).expect("parse");
+        let super::Command::Relay(args) = cli.command else { panic!("relay") };
+        let library = outbox_runtime::relay::RelayConfig::new("b:9092");
+        assert_eq!(args.batch_size, library.get_batch_size());
+        assert_eq!(args.poll_interval.0, library.get_poll_interval());
+        assert_eq!(args.missing_topic_timeout.0, library.get_missing_topic_timeout());
+        assert_eq!(
+            Some(args.cleanup_after.0),
+            library.get_cleanup().map(outbox_runtime::relay::Cleanup::get_retention)
+        );
+        assert!(!args.no_cleanup, "cleanup is on by default, as in the library");
+        for d in [
+            Duration::from_secs(7 * 86_400),
+            Duration::from_secs(300),
+            Duration::from_millis(250),
+            Duration::from_secs(90),
+        ] {
+            assert_eq!(super::parse_duration(&super::Dur(d).to_string()), Ok(d), "{d:?}");
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! What each command does: the library's calls, their results handed to `render`.
+
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use outbox_runtime::inbox::InboxAdmin;
+use outbox_runtime::ops::{InboxSide, ReplayFilter, RetryTarget};
+use outbox_runtime::relay::{Cleanup, Relay, RelayConfig};
+use outbox_runtime::secrets::redact_urls;
+use outbox_runtime::sqlx::postgres::PgPoolOptions;
+use outbox_runtime::sqlx::PgPool;
+use outbox_runtime::{CancellationToken, Capacity, Error, Outbox, OutboxConfig};
+
+use crate::args::{Cli, Command, FailedCommand, InboxArgs, InboxCommand, ReconcileArgs, RelayArgs};
+use crate::render;
+use crate::Fail;
+
+pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
+    let mut config = OutboxConfig::default().schema(&cli.schema).table(&cli.table);
+    if let Some(rows) = cli.capacity_rows {
+        config = config.capacity(Capacity::Rows(rows));
+    }
+    if let Some(bytes) = cli.capacity_bytes {
+        config = config.capacity(Capacity::Bytes(bytes));
+    }
+    let outbox = Outbox::new(config)?;
+    let pool = connect(&cli.database_url).await?;
+    match cli.command {
+        Command::Migrate => {
+            outbox.migrator().run(&pool).await.map_err(Error::from)?;
+            println!("outbox tables are up to date");
+        }
+        Command::Relay(args) => return relay(outbox, pool, args).await,
+        Command::Status { json, window } => {
+            let status = outbox.status_over(&pool, window).await?;
+            if json {
+                render::json(&status);
+            } else {
+                render::status(&status);
+            }
+        }
+        Command::Failed(FailedCommand::List { json }) => {
+            let failed = outbox.failed(&pool).await?;
+            if json {
+                render::json(&failed);
+            } else {
+                render::failed(&failed);
+            }
+        }
+        Command::Retrying { json, limit } => {
+            let retrying = outbox.retrying(&pool, limit).await?;
+            if json {
+                render::json(&retrying);
+            } else {
+                render::retrying(&retrying);
+            }
+        }
+        Command::Retry(args) => {
+            let target = match (args.event_id, args.aggregate, args.all_failed) {
+                (Some(id), _, _) => RetryTarget::Event(id),
+                (_, Some(aggregate), _) => RetryTarget::Aggregate(aggregate),
+                _ => RetryTarget::AllFailed,
+            };
+            let n = outbox.retry(&pool, &target).await?;
+            println!("{n} failed event(s) put back up for publication");
+            if n == 0 {
+                return Ok(ExitCode::from(1));
+            }
+        }
+        Command::Discard { event_id, reason, yes } => {
+            if !yes {
+                return Err(Fail(
+                    2,
+                    format!("discarding {event_id} means it is never published; add --yes to confirm"),
+                ));
+            }
+            if !outbox.discard(&pool, event_id, &reason).await? {
+                return Err(Fail(1, format!("no failed or pending event {event_id}")));
+            }
+            println!("discarded {event_id}: {reason}");
+        }
+        Command::Replay(args) => {
+            let f = args.filter;
+            let filter = ReplayFilter {
+                event_type: f.event_type,
+                aggregate_id: f.aggregate,
+                since: parse_optional_time(&pool, "--since", f.since.as_deref()).await?,
+                until: parse_optional_time(&pool, "--until", f.until.as_deref()).await?,
+            };
+            let report = outbox.replay(&pool, &filter, args.dry_run).await?;
+            if args.json {
+                render::json(&report);
+            } else {
+                render::replay(&report, args.dry_run);
+            }
+            if report.matched == 0 {
+                return Ok(ExitCode::from(1));
+            }
+        }
+        Command::Purge { older_than, batch_size } => {
+            let deleted = outbox
+                .purge(&pool, older_than, batch_size, |total| {
+                    if total > 0 {
+                        eprintln!("purge: {total} deleted");
+                    }
+                })
+                .await?;
+            println!("{deleted} published or discarded event(s) older than {older_than:?} deleted");
+        }
+        Command::Reconcile(args) => return reconcile(&outbox, &pool, args).await,
+        Command::Inbox(args) => return inbox(pool, args).await,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn relay(outbox: Outbox, pool: PgPool, args: RelayArgs) -> Result<ExitCode, Fail> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    if let Some(addr) = args.metrics_addr {
+        outbox_runtime::metrics::install_prometheus(addr)?;
+        eprintln!("outbox: metrics on http://{addr}/metrics");
+    }
+    let cleanup = (!args.no_cleanup).then(|| Cleanup::default().retention(args.cleanup_after.0));
+    let config = RelayConfig::new(args.brokers)
+        .batch_size(args.batch_size)
+        .poll_interval(args.poll_interval.0)
+        .missing_topic_timeout(args.missing_topic_timeout.0)
+        .cleanup(cleanup);
+    let relay = Relay::new(pool, outbox, config)?;
+    let shutdown = CancellationToken::new();
+    outbox_runtime::signal::cancel_on_signal(shutdown.clone());
+    relay.run(shutdown).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn reconcile(outbox: &Outbox, pool: &PgPool, args: ReconcileArgs) -> Result<ExitCode, Fail> {
+    let since = parse_time(pool, "--since", &args.since).await?;
+    let until = parse_time(pool, "--until", &args.until).await?;
+    if until <= since {
+        return Err(Fail(2, format!("--until {:?} is not after --since {:?}", args.until, args.since)));
+    }
+    let inbox = match (&args.consumer, &args.inbox_database_url) {
+        (Some(consumer), Some(url)) => {
+            let inbox_pool = connect(url).await?;
+            let mut side =
+                InboxSide::new(inbox_pool, &args.inbox_schema, &args.inbox_table, consumer.clone())?;
+            for event_type in &args.event_types {
+                side = side.require(event_type.clone());
+            }
+            Some(side)
+        }
+        _ => None,
+    };
+    let result = outbox.reconcile(pool, since, until, inbox.as_ref()).await?;
+    if args.json {
+        render::json(&result);
+    } else {
+        render::reconciliation(&result);
+    }
+    Ok(if result.differences == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+pub(crate) async fn inbox(pool: PgPool, args: InboxArgs) -> Result<ExitCode, Fail> {
+    let admin = InboxAdmin::new(pool, &args.inbox_schema, &args.inbox_table, &args.consumer)?;
+    match args.command {
+        InboxCommand::Parked { json } => {
+            let parked = admin.parked().await?;
+            if json {
+                render::json(&render::parked_for_json(&parked));
+            } else {
+                render::parked(&parked, &args.consumer);
+            }
+        }
+        InboxCommand::Retry { id } => {
+            admin.request_retry(id).await?;
+            println!(
+                "retry of parked message {id} requested; the running consumer {} carries it out",
+                args.consumer
+            );
+        }
+        InboxCommand::Discard { id, reason, yes } => {
+            if !yes {
+                return Err(Fail(
+                    2,
+                    format!("discarding parked message {id} means it never applies; add --yes to confirm"),
+                ));
+            }
+            let discarded = admin.discard(id, &reason).await?;
+            println!(
+                "discarded parked message {id}: {reason}; {} held behind it go to the running consumer",
+                discarded.held_behind
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) async fn connect(url: &str) -> Result<PgPool, Fail> {
+    PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(url)
+        .await
+        .map_err(|e| Fail(3, format!("cannot connect to {}: {e}", redact_urls(url))))
+}
+
+/// Reads a timestamp the way PostgreSQL does, so every form it accepts works here.
+pub(crate) async fn parse_time(pool: &PgPool, flag: &str, text: &str) -> Result<SystemTime, Fail> {
+    let seconds: f64 = sqlx::query_scalar("SELECT EXTRACT(EPOCH FROM $1::text::timestamptz)::float8")
+        .bind(text)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| match e.as_database_error() {
+            Some(db) => Fail(2, format!("invalid {flag} {text:?}: {}", db.message())),
+            None => Fail(3, e.to_string()),
+        })?;
+    // -infinity and infinity stand for "from the beginning" and "until the end".
+    let far = Duration::from_secs(100_000_000_000);
+    let time = if seconds == f64::NEG_INFINITY {
+        Some(UNIX_EPOCH)
+    } else if seconds == f64::INFINITY {
+        UNIX_EPOCH.checked_add(far)
+    } else if seconds >= 0.0 {
+        Duration::try_from_secs_f64(seconds).ok().and_then(|d| UNIX_EPOCH.checked_add(d))
+    } else {
+        Duration::try_from_secs_f64(-seconds).ok().and_then(|d| UNIX_EPOCH.checked_sub(d))
+    };
+    time.ok_or_else(|| Fail(2, format!("invalid {flag} {text:?}: out of range")))
+}
+
+pub(crate) async fn parse_optional_time(
+    pool: &PgPool,
+    flag: &str,
+    text: Option<&str>,
+) -> Result<Option<SystemTime>, Fail> {
+    match text {
+        Some(text) => parse_time(pool, flag, text).await.map(Some),
+        None => Ok(None),
+    }
+}
