@@ -72,18 +72,25 @@ fn redact_userinfo(text: &str) -> String {
 }
 
 fn redact_secret_values(text: &str) -> String {
+    let is_space = |c: char| c == ' ' || c == '\t';
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(eq) = rest.find('=') {
-        let before = &rest[..eq];
+        // libpq allows spaces around '=' (`password = s3cret`), and a URL's query may
+        // percent-encode the name (`?pass%77ord=`), which sqlx decodes.
+        let before = rest[..eq].trim_end_matches(is_space);
         let name_start = before
-            .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')))
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '%')))
             .map_or(0, |i| i + before[i..].chars().next().map_or(1, char::len_utf8));
+        let name = percent_encoding::percent_decode_str(&before[name_start..]).decode_utf8_lossy();
         out.push_str(&rest[..=eq]);
         rest = &rest[eq + 1..];
-        if name_start == eq || !is_secret(&before[name_start..]) {
+        if name.is_empty() || !is_secret(&name) {
             continue;
         }
+        let spaces = rest.len() - rest.trim_start_matches(is_space).len();
+        out.push_str(&rest[..spaces]);
+        rest = &rest[spaces..];
         // In a URL's query a value ends at '&' or '#'; elsewhere (a keyword/value string,
         // where '&' may be part of a password) only at whitespace or a quote.
         let in_query = before[..name_start].ends_with(['?', '&']);
@@ -158,6 +165,12 @@ mod tests {
             ("host=db password='s3 cret' dbname=x", "host=db password=(redacted) dbname=x"),
             ("sasl.password=hunter2 is wrong", "sasl.password=(redacted) is wrong"),
             ("a = b, linger.ms=5, x==y", "a = b, linger.ms=5, x==y"),
+            // Spaces around '=' (libpq accepts them) and percent-encoded names (sqlx
+            // decodes them): both leaked before.
+            ("host=db password = s3cret dbname=x", "host=db password = (redacted) dbname=x"),
+            ("host=db password\t=\t's3 cret'", "host=db password\t=\t(redacted)"),
+            ("postgres://db/x?pass%77ord=s3cret&sslmode=require", "postgres://db/x?pass%77ord=(redacted)&sslmode=require"),
+            ("postgres://db/x?%70assword=s3cret", "postgres://db/x?%70assword=(redacted)"),
             ("no secret here", "no secret here"),
             ("", ""),
         ];
@@ -202,6 +215,8 @@ mod tests {
             "=",
             "password",
         ];
+        const SPACES: &[&str] = &["", " ", "\t "];
+        const ENCODED: &[&str] = &["password", "pass%77ord", "%70assword", "PASSWORD", "sslpass%77ord"];
         for round in 0..5000 {
             let password: String = (0..4 + next(12)).map(|_| PW[next(PW.len())]).collect();
             // In a query, '&' and '#' end a value: a password holds them percent-encoded.
@@ -212,9 +227,12 @@ mod tests {
                 format!("{before}postgres://db/x?user=app&password={query_password}{after}"),
                 format!("{before}host=db password={password}{after}"),
                 format!("{before}sasl_ssl://u:{password}@h1:9093,sasl_ssl://v:{password}@h2:9093{after}"),
+                // libpq's spaces around '=', and a percent-encoded name in a query.
+                format!("{before}host=db password{}={}{password}{after}", SPACES[next(3)], SPACES[next(3)]),
+                format!("{before}postgres://db/x?{}={query_password}{after}", ENCODED[next(ENCODED.len())]),
             ];
             for (i, text) in texts.iter().enumerate() {
-                let password = if i == 1 { query_password.as_str() } else { password.as_str() };
+                let password = if i == 1 || i == 5 { query_password.as_str() } else { password.as_str() };
                 let shown = redact_urls(text);
                 let rest = text.replacen(password, "", usize::MAX);
                 // Only meaningful when the password is not also part of the text around it.
