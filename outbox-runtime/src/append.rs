@@ -11,7 +11,6 @@ use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::outbox::Outbox;
-use crate::table::Names;
 use crate::OutboxEvent;
 
 /// Room counted for the fixed headers the relay adds (names, `ce_id`, `ce_time`,
@@ -129,75 +128,6 @@ impl NewEvent {
     }
 }
 
-/// The INSERT (and NOTIFY) of [`Outbox::append_batch`], one statement, one round trip.
-/// The advisory lock key of an aggregate, as SQL over the aggregate type and id
-/// expressions: one expression for both statements, so that single and batch appends to
-/// one aggregate take the same lock.
-fn lock_key(names: &Names, aggregate_type: &str, aggregate_id: &str) -> String {
-    format!(
-        "hashtextextended('outbox:' || '{table}:' || {aggregate_type} || ':' || {aggregate_id}, 0)",
-        table = names.outbox.replace('\'', "")
-    )
-}
-
-/// The shape both inserts share: the locks' CTE, the insert of `rows` (a `SELECT` of the
-/// nine event columns), the row count and the NOTIFY, in one statement.
-fn insert_statement(names: &Names, notify: bool, lock: &str, rows: &str) -> String {
-    let notify = if notify { "pg_notify($10, '')" } else { "NULL" };
-    format!(
-        "WITH {lock}inserted AS ( \
-           INSERT INTO {outbox} (event_id, aggregate_type, aggregate_id, aggregate_version, \
-                                 event_type, schema_version, topic, payload, headers) \
-           {rows} \
-           RETURNING 1) \
-         SELECT (SELECT count(*) FROM inserted), {notify}",
-        outbox = names.outbox
-    )
-}
-
-/// One event's insert, with scalar parameters: the aggregate's lock first (the `locked`
-/// row feeds the insert), then the row.
-pub(crate) fn insert_one_sql(names: &Names, notify: bool, lock_aggregates: bool) -> String {
-    let (lock, from) = if lock_aggregates {
-        let key = lock_key(names, "$2::text", "$3::text");
-        (format!("locked AS (SELECT pg_advisory_xact_lock({key}) AS l), "), " FROM locked")
-    } else {
-        (String::new(), "")
-    };
-    let rows = format!(
-        "SELECT $1::uuid, $2::text, $3::text, $4::bigint, $5::text, $6::int, $7::text, $8::text::json, \
-                $9::text::jsonb{from}"
-    );
-    insert_statement(names, notify, &lock, &rows)
-}
-
-/// A batch's insert, from one array per column.
-pub(crate) fn insert_sql(names: &Names, notify: bool, lock_aggregates: bool) -> String {
-    // The aggregates' locks, in one order (sorted keys), before any row is inserted: the
-    // scalar subquery in the INSERT's WHERE is evaluated first, once.
-    let (lock, after_lock) = if lock_aggregates {
-        (
-            format!(
-                "locked AS ( \
-                   SELECT count(pg_advisory_xact_lock(k)) AS n FROM ( \
-                     SELECT DISTINCT {key} AS k \
-                     FROM unnest($2::text[], $3::text[]) AS a(at, ai) ORDER BY 1) keys), ",
-                key = lock_key(names, "a.at", "a.ai")
-            ),
-            "WHERE (SELECT n FROM locked) >= 0",
-        )
-    } else {
-        (String::new(), "")
-    };
-    let rows = format!(
-        "SELECT e, at, ai, av, et, sv, t, p::json, h::jsonb \
-         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::int[], \
-                     $7::text[], $8::text[], $9::text[]) AS u(e, at, ai, av, et, sv, t, p, h) \
-         {after_lock}"
-    );
-    insert_statement(names, notify, &lock, &rows)
-}
-
 impl Outbox {
     /// Appends `event` in `tx`, the caller's open transaction: it commits or rolls back
     /// with the business change. Returns the event id. `tx` is a connection inside a sqlx
@@ -294,7 +224,7 @@ impl Outbox {
             self.admit_non_critical(&mut *conn, events[0].event_type).await?;
         }
         if let [event] = events {
-            let query = sqlx::query(self.inner.insert_one_sql.clone())
+            let query = sqlx::query(self.inner.insert.one.clone())
                 .bind(event.event_id)
                 .bind(event.aggregate_type)
                 .bind(&event.aggregate_id)
@@ -313,7 +243,7 @@ impl Outbox {
         let versions: Vec<Option<i64>> = events.iter().map(|e| e.aggregate_version).collect();
         let schema_versions: Vec<i32> =
             events.iter().map(|e| i32::try_from(e.schema_version).unwrap_or(i32::MAX)).collect();
-        let query = sqlx::query(self.inner.insert_sql.clone())
+        let query = sqlx::query(self.inner.insert.batch.clone())
             .bind(ids)
             .bind(column(|e| e.aggregate_type.to_owned()))
             .bind(column(|e| e.aggregate_id.clone()))

@@ -117,6 +117,26 @@ pub enum Error {
 }
 
 impl Error {
+    /// A client-creation error as this crate reports it: librdkafka refusing a setting is a
+    /// bad setting, [`Error::Config`] naming it (`setter` is the method that set it, e.g.
+    /// `RelayConfig::kafka_setting`), with a secret's value left out; anything else stays
+    /// [`Error::Kafka`].
+    #[cfg(feature = "runtime")]
+    pub(crate) fn kafka_client(setter: &str, error: rdkafka::error::KafkaError) -> Error {
+        match error {
+            rdkafka::error::KafkaError::ClientConfig(_, description, key, value) => {
+                let shown = if crate::secrets::is_secret(&key) {
+                    "(redacted)".into()
+                } else {
+                    format!("{:?}", crate::secrets::redact_urls(&value))
+                };
+                let description = crate::secrets::redact_urls(&description);
+                Error::Config(format!("{setter} {key} = {shown} is refused by librdkafka: {description}"))
+            }
+            other => Error::Kafka(other),
+        }
+    }
+
     /// Whether retrying the same operation later may succeed (a lost connection, a busy
     /// database) as opposed to an error that repeats until something is changed.
     pub fn is_transient(&self) -> bool {

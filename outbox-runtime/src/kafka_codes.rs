@@ -1,8 +1,7 @@
 //! What a Kafka error means for a retry, by its error code, the way sqlx's
 //! `DatabaseError::kind()` reads SQLSTATE classes: one table for the relay's delivery
-//! reports, one for the inbox's receive loop, and [`is_transient`] for [`Error::Kafka`].
-//!
-//! [`Error::Kafka`]: crate::Error::Kafka
+//! reports, one for the inbox's receive loop, and [`is_transient`] for `Error::Kafka`.
+//! A leaf: it knows rdkafka's errors, not this crate's.
 
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode as Code;
@@ -91,28 +90,6 @@ pub(crate) fn is_transient(error: &KafkaError) -> bool {
     }
 }
 
-/// A client-creation error as this crate reports it: librdkafka refusing a setting is a
-/// bad setting, [`Error::Config`] naming it (`setter` is the method that set it, e.g.
-/// `RelayConfig::kafka_setting`), with a secret's value left out; anything else stays
-/// [`Error::Kafka`].
-///
-/// [`Error::Config`]: crate::Error::Config
-/// [`Error::Kafka`]: crate::Error::Kafka
-pub(crate) fn client_error(setter: &str, error: KafkaError) -> crate::Error {
-    match error {
-        KafkaError::ClientConfig(_, description, key, value) => {
-            let shown = if crate::secrets::is_secret(&key) {
-                "(redacted)".into()
-            } else {
-                format!("{:?}", crate::secrets::redact_urls(&value))
-            };
-            let description = crate::secrets::redact_urls(&description);
-            crate::Error::Config(format!("{setter} {key} = {shown} is refused by librdkafka: {description}"))
-        }
-        other => crate::Error::Kafka(other),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,7 +106,7 @@ mod tests {
             let Err(error) = ClientConfig::new().set(key, value).create::<BaseProducer>() else {
                 panic!("{key} accepted")
             };
-            let error = client_error("RelayConfig::kafka_setting", error);
+            let error = crate::Error::kafka_client("RelayConfig::kafka_setting", error);
             let text = error.to_string();
             assert!(matches!(error, crate::Error::Config(_)), "{key}: {error:?}");
             assert!(text.contains(&format!("RelayConfig::kafka_setting {shown}")), "{key}: {text}");

@@ -63,6 +63,8 @@ mod event;
 #[cfg(feature = "runtime")]
 pub mod inbox;
 #[cfg(feature = "runtime")]
+mod insert;
+#[cfg(feature = "runtime")]
 mod kafka_codes;
 #[cfg(feature = "runtime")]
 mod kafka_settings;

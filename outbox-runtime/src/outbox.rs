@@ -3,9 +3,8 @@
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
-
 use crate::error::{Error, Result};
+use crate::insert::InsertStatements;
 use crate::table::Names;
 
 /// Where the outbox table is and how appends behave.
@@ -202,9 +201,8 @@ pub struct Outbox {
 pub(crate) struct Inner {
     pub(crate) config: OutboxConfig,
     pub(crate) names: Names,
-    pub(crate) insert_sql: SqlStr,
-    /// The same for one event: scalar parameters, no arrays to build and unnest.
-    pub(crate) insert_one_sql: SqlStr,
+    /// The append statements.
+    pub(crate) insert: InsertStatements,
     /// The last measured fill level, for non-critical appends.
     pub(crate) fill: Mutex<Option<(Instant, u64)>>,
 }
@@ -234,15 +232,8 @@ impl Outbox {
         if config.capacity.is_some_and(|c| c.limit() == 0) {
             return Err(Error::Config("capacity must be above 0".to_owned()));
         }
-        let insert_sql =
-            AssertSqlSafe(crate::append::insert_sql(&names, config.notify, config.lock_aggregates))
-                .into_sql_str();
-        let insert_one_sql =
-            AssertSqlSafe(crate::append::insert_one_sql(&names, config.notify, config.lock_aggregates))
-                .into_sql_str();
-        Ok(Outbox {
-            inner: Arc::new(Inner { config, names, insert_sql, insert_one_sql, fill: Mutex::new(None) }),
-        })
+        let insert = InsertStatements::new(&names, config.notify, config.lock_aggregates);
+        Ok(Outbox { inner: Arc::new(Inner { config, names, insert, fill: Mutex::new(None) }) })
     }
 
     /// The outbox with [`OutboxConfig::default`]: table `public.outbox`.

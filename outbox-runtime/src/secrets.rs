@@ -169,7 +169,10 @@ mod tests {
             // decodes them): both leaked before.
             ("host=db password = s3cret dbname=x", "host=db password = (redacted) dbname=x"),
             ("host=db password\t=\t's3 cret'", "host=db password\t=\t(redacted)"),
-            ("postgres://db/x?pass%77ord=s3cret&sslmode=require", "postgres://db/x?pass%77ord=(redacted)&sslmode=require"),
+            (
+                "postgres://db/x?pass%77ord=s3cret&sslmode=require",
+                "postgres://db/x?pass%77ord=(redacted)&sslmode=require",
+            ),
             ("postgres://db/x?%70assword=s3cret", "postgres://db/x?%70assword=(redacted)"),
             ("no secret here", "no secret here"),
             ("", ""),

@@ -250,7 +250,7 @@ impl Inbox {
             .set("enable.auto.offset.store", "false");
         config
             .create_with_context(InboxContext { shared })
-            .map_err(|e| crate::kafka_codes::client_error("InboxConfig::kafka_setting", e))
+            .map_err(|e| Error::kafka_client("InboxConfig::kafka_setting", e))
     }
 
     /// See [`Inbox::run`].

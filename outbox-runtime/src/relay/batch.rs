@@ -139,6 +139,15 @@ impl Relay {
         .await
     }
 
+    /// Waits until the last batch's background mark is written.
+    pub(super) async fn finish_marking(&mut self) {
+        if let Some((_, task)) = self.marking.take() {
+            if let Err(error) = task.await {
+                warn!(relay_id = %self.id(), stage = "mark", %error, "the mark task failed; its rows will be published again");
+            }
+        }
+    }
+
     /// Sends one aggregate's rows in order and returns, in order, the outcome of each up to
     /// and including the first that was not acknowledged.
     ///

@@ -62,7 +62,7 @@ pub(crate) fn producer(
     for (key, value) in FIXED {
         config.set(*key, *value);
     }
-    config.create().map_err(|e| crate::kafka_codes::client_error("RelayConfig::kafka_setting", e))
+    config.create().map_err(|e| Error::kafka_client("RelayConfig::kafka_setting", e))
 }
 
 /// The Kafka headers of a row: CloudEvents binary mode plus the outbox's extensions and

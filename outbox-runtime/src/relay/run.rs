@@ -142,15 +142,6 @@ impl Relay {
         Ok(())
     }
 
-    /// Waits until the last batch's background mark is written.
-    pub(super) async fn finish_marking(&mut self) {
-        if let Some((_, task)) = self.marking.take() {
-            if let Err(error) = task.await {
-                warn!(relay_id = %self.id(), stage = "mark", %error, "the mark task failed; its rows will be published again");
-            }
-        }
-    }
-
     async fn pause(&self, delay: Duration, shutdown: &CancellationToken) {
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
