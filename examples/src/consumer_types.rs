@@ -41,6 +41,7 @@ pub mod order_confirmed_v1 {
     ///
     /// ```json
     ///{
+    ///  "$id": "urn:outbox:schemas/order.confirmed/v1.json",
     ///  "title": "OrderConfirmedV1",
     ///  "description": "An order was confirmed (version 1, kept for events written before v2).",
     ///  "type": "object",
@@ -113,6 +114,7 @@ pub mod order_confirmed_v2 {
     ///
     /// ```json
     ///{
+    ///  "$id": "urn:outbox:schemas/order.confirmed/v2.json",
     ///  "title": "OrderConfirmedV2",
     ///  "description": "An order was confirmed.",
     ///  "type": "object",
@@ -310,6 +312,7 @@ pub mod order_placed_v1 {
     ///
     /// ```json
     ///{
+    ///  "$id": "urn:outbox:schemas/order.placed/v1.json",
     ///  "title": "OrderPlacedV1",
     ///  "description": "A customer placed an order; it waits for confirmation.",
     ///  "type": "object",

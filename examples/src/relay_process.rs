@@ -5,10 +5,12 @@
 //! |---|---|---|
 //! | `DATABASE_URL` | PostgreSQL holding the outbox | `postgres://postgres@127.0.0.1:5432/test` |
 //! | `KAFKA_BROKERS` | Kafka bootstrap servers | required |
-//! | `OUTBOX_BATCH_SIZE` | rows per batch | 500 |
-//! | `OUTBOX_POLL_MS` | poll interval when no NOTIFY arrives | 1000 |
-//! | `OUTBOX_LEASE_TTL_MS` | work partition lease | 30000 |
-//! | `OUTBOX_MESSAGE_TIMEOUT_MS` | Kafka `message.timeout.ms` | 10000 |
+//! | `OUTBOX_BATCH_SIZE` | rows per batch | `RelayConfig`'s (2,000) |
+//! | `OUTBOX_POLL_MS` | poll interval when no NOTIFY arrives | `RelayConfig`'s (1 s) |
+//! | `OUTBOX_LEASE_TTL_MS` | work partition lease | `RelayConfig`'s (30 s) |
+//! | `OUTBOX_MESSAGE_TIMEOUT_MS` | how long a batch's records may wait to be acknowledged | `RelayConfig`'s (10 s) |
+//!
+//! The records name this service as their CloudEvents `source`: `/order-service`.
 //! | `OUTBOX_METRICS_ADDR` | serve Prometheus metrics here (e.g. `127.0.0.1:9187`) | off |
 //! | `RUST_LOG` | log filter | `info` |
 
@@ -23,13 +25,14 @@ use tokio_util::sync::CancellationToken;
 /// The default local database.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
-fn env_ms(name: &str, default: u64) -> Result<Duration, String> {
+/// The CloudEvents `source` of this service's events.
+pub const SOURCE: &str = "/order-service";
+
+/// A number from the environment, `None` when unset (the library's default then applies).
+fn env_number(name: &str) -> Result<Option<u64>, String> {
     match std::env::var(name) {
-        Ok(v) => v
-            .parse::<u64>()
-            .map(Duration::from_millis)
-            .map_err(|_| format!("{name}={v:?} is not a number of milliseconds")),
-        Err(_) => Ok(Duration::from_millis(default)),
+        Ok(v) => v.parse::<u64>().map(Some).map_err(|_| format!("{name}={v:?} is not a number")),
+        Err(_) => Ok(None),
     }
 }
 
@@ -37,15 +40,20 @@ fn config() -> Result<(String, RelayConfig), String> {
     let database = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
     let brokers = std::env::var("KAFKA_BROKERS")
         .map_err(|_| "KAFKA_BROKERS is not set (e.g. `cargo xtask broker` prints one)".to_owned())?;
-    let batch = match std::env::var("OUTBOX_BATCH_SIZE") {
-        Ok(v) => v.parse::<u32>().map_err(|_| format!("OUTBOX_BATCH_SIZE={v:?} is not a number"))?,
-        Err(_) => 500,
-    };
-    let config = RelayConfig::new(brokers)
-        .batch_size(batch)
-        .poll_interval(env_ms("OUTBOX_POLL_MS", 1000)?)
-        .lease_ttl(env_ms("OUTBOX_LEASE_TTL_MS", 30_000)?)
-        .message_timeout(env_ms("OUTBOX_MESSAGE_TIMEOUT_MS", 10_000)?);
+    let mut config = RelayConfig::new(brokers).source(SOURCE);
+    if let Some(rows) = env_number("OUTBOX_BATCH_SIZE")? {
+        config = config
+            .batch_size(u32::try_from(rows).map_err(|_| format!("OUTBOX_BATCH_SIZE={rows} is too large"))?);
+    }
+    if let Some(ms) = env_number("OUTBOX_POLL_MS")? {
+        config = config.poll_interval(Duration::from_millis(ms));
+    }
+    if let Some(ms) = env_number("OUTBOX_LEASE_TTL_MS")? {
+        config = config.lease_ttl(Duration::from_millis(ms));
+    }
+    if let Some(ms) = env_number("OUTBOX_MESSAGE_TIMEOUT_MS")? {
+        config = config.message_timeout(Duration::from_millis(ms));
+    }
     Ok((database, config))
 }
 

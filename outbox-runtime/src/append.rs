@@ -14,8 +14,9 @@ use crate::outbox::Outbox;
 use crate::OutboxEvent;
 
 /// Room counted for the fixed headers the relay adds (names, `ce_id`, `ce_time`,
-/// `ce_source`, versions, ...) when an append checks the record size.
-pub const RESERVED_HEADER_BYTES: usize = 512;
+/// `ce_source` and `ce_dataschema` of up to 128 bytes each, versions, ...) when an append
+/// checks the record size.
+pub const RESERVED_HEADER_BYTES: usize = 768;
 
 /// Options of one append.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -80,7 +81,17 @@ pub struct NewEvent {
 
 impl NewEvent {
     /// Serializes `event`; fails on a serialization error or a reserved header name.
+    ///
+    /// With feature `opentelemetry`, the current span's context is captured here into
+    /// `traceparent` and `tracestate` (unless the options set them): build it inside the
+    /// span the event belongs to.
     pub fn new<E: OutboxEvent>(event: &E, options: AppendOptions) -> Result<Self> {
+        #[cfg(feature = "opentelemetry")]
+        let options = {
+            let mut options = options;
+            crate::trace::capture(&mut options.headers);
+            options
+        };
         let payload = serde_json::to_string(event)
             .map_err(|source| Error::Serialize { event_type: E::EVENT_TYPE, source })?;
         if let Some(reserved) = options
@@ -92,11 +103,12 @@ impl NewEvent {
         }
         let aggregate_id = event.aggregate_id();
         let header_bytes: usize = options.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
-        // The aggregate id travels twice (key and ce_subject), the type names once each.
+        // The aggregate id travels twice (key and ce_subject), the event type twice (ce_type and
+        // ce_dataschema), the aggregate type once.
         let record_bytes = 2 * aggregate_id.len()
             + payload.len()
             + header_bytes
-            + E::EVENT_TYPE.len()
+            + 2 * E::EVENT_TYPE.len() // ce_type and ce_dataschema
             + E::AGGREGATE_TYPE.len()
             + RESERVED_HEADER_BYTES;
         let headers = serde_json::to_string(&options.headers)

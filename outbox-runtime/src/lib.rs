@@ -52,6 +52,7 @@ extern crate self as outbox_runtime;
 
 #[cfg(feature = "runtime")]
 mod append;
+pub mod asyncapi;
 #[cfg(feature = "runtime")]
 mod backoff;
 #[cfg(feature = "runtime")]
@@ -88,6 +89,8 @@ pub mod signal;
 mod table;
 #[cfg(feature = "testing")]
 pub mod testing;
+#[cfg(feature = "runtime")]
+pub mod trace;
 #[cfg(feature = "typegen")]
 pub mod typegen;
 #[cfg(feature = "xtask")]

@@ -35,7 +35,7 @@
 //! | `inbox_paused_partitions` | gauge | `consumer` | partitions paused because their worker is behind |
 //! | `inbox_receive_errors_total` | counter | `consumer` | errors receiving from Kafka (the consumer goes on) |
 //!
-//! Gauges of the outbox's state are set by [`Outbox::record_gauges`](crate::Outbox::record_gauges) (in `ops`), which relays call at
+//! Gauges of the outbox's state are set by [`Ops::record_gauges`](crate::ops::Ops::record_gauges) (in `ops`), which relays call at
 //! every lease renewal; it reads partial indexes and statistics views, never the whole
 //! table. A relay sets its pool's gauges at the same moment.
 

@@ -52,6 +52,29 @@ pub enum Command {
     Schema(SchemaCommand),
     /// Generates consumer types from the committed schemas (or checks them with --check).
     Typegen(TypegenArgs),
+    /// Writes the AsyncAPI 3.0 document of the registered events (or checks it with --check).
+    Asyncapi(AsyncApiArgs),
+}
+
+/// `asyncapi [--schemas DIR] [--out FILE] [--check] [--title T] [--version V]`.
+#[derive(Debug, clap::Args)]
+#[non_exhaustive]
+pub struct AsyncApiArgs {
+    /// The committed schemas (default: `schemas` at the workspace root).
+    #[arg(long)]
+    pub schemas: Option<PathBuf>,
+    /// The document (default: `asyncapi.json` at the workspace root).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Only check: exit 1 when the committed document is stale.
+    #[arg(long)]
+    pub check: bool,
+    /// `info.title` (default: `Xtask::asyncapi_title`, else "Outbox events").
+    #[arg(long)]
+    pub title: Option<String>,
+    /// `info.version`, the contract's version (default: 1.0.0).
+    #[arg(long, default_value = "1.0.0")]
+    pub version: String,
 }
 
 /// `schema generate | check | compat`.
@@ -130,7 +153,13 @@ pub fn main() -> ExitCode {
 pub struct Xtask {
     root: Option<PathBuf>,
     typegen_out: Option<PathBuf>,
+    schema_base: Option<String>,
+    asyncapi_title: Option<String>,
 }
+
+/// `info.title` of the AsyncAPI document unless [`Xtask::asyncapi_title`] or `--title`
+/// says otherwise.
+pub const DEFAULT_ASYNCAPI_TITLE: &str = "Outbox events";
 
 impl Xtask {
     /// Defaults: the root is the Cargo workspace around the running xtask (see
@@ -155,6 +184,27 @@ impl Xtask {
         self
     }
 
+    /// The base of the committed schemas' `$id`s, which must be the relays' `dataschema`
+    /// base (`RelayConfig::dataschema_base`) for `dataschema` to name the committed file.
+    /// Default: [`schema::DEFAULT_SCHEMA_BASE`].
+    pub fn schema_base(mut self, base: impl Into<String>) -> Self {
+        self.schema_base = Some(base.into());
+        self
+    }
+
+    /// `info.title` of the AsyncAPI document, e.g. the service's name (default:
+    /// [`DEFAULT_ASYNCAPI_TITLE`]; `--title` overrides it). It is part of the document, so
+    /// `asyncapi --check` must see the same title that wrote it: set it here rather than
+    /// on the command line.
+    pub fn asyncapi_title(mut self, title: impl Into<String>) -> Self {
+        self.asyncapi_title = Some(title.into());
+        self
+    }
+
+    fn base(&self) -> &str {
+        self.schema_base.as_deref().unwrap_or(schema::DEFAULT_SCHEMA_BASE)
+    }
+
     /// Parses the process's arguments and runs the command; prints clap's usage (exit 2)
     /// on bad arguments.
     pub fn main(&self) -> ExitCode {
@@ -171,14 +221,18 @@ impl Xtask {
     pub fn run_on(&self, command: Command, events: &[&EventDescriptor]) -> ExitCode {
         match command {
             Command::Schema(SchemaCommand::Generate { dir, force }) => {
-                generate(&self.schemas(dir), events, force)
+                generate(&self.schemas(dir), events, force, self.base())
             }
             Command::Schema(SchemaCommand::Check { dir, expect_events, expect_types }) => {
-                let options = CheckOptions::new().expect_events(expect_events).expect_types(expect_types);
+                let options = CheckOptions::new()
+                    .expect_events(expect_events)
+                    .expect_types(expect_types)
+                    .schema_base(self.base());
                 check(&self.schemas(dir), events, &options)
             }
             Command::Schema(SchemaCommand::Compat { old, new, mode }) => compat(&old, &new, mode),
             Command::Typegen(args) => self.typegen(args),
+            Command::Asyncapi(args) => self.asyncapi(args, events),
         }
     }
 
@@ -195,6 +249,53 @@ impl Xtask {
 
     fn schemas(&self, dir: Option<PathBuf>) -> PathBuf {
         dir.unwrap_or_else(|| self.project_root().join("schemas"))
+    }
+
+    fn asyncapi(&self, args: AsyncApiArgs, events: &[&EventDescriptor]) -> ExitCode {
+        let root = self.project_root();
+        let schemas = args.schemas.unwrap_or_else(|| root.join("schemas"));
+        let out = args.out.unwrap_or_else(|| root.join("asyncapi.json"));
+        // Never from the checkout's directory name: a clone elsewhere would find its
+        // committed document stale.
+        let title = args
+            .title
+            .or_else(|| self.asyncapi_title.clone())
+            .unwrap_or_else(|| DEFAULT_ASYNCAPI_TITLE.to_owned());
+        let info = crate::asyncapi::AsyncApiInfo {
+            title,
+            version: args.version,
+            schema_base: self.base().to_owned(),
+        };
+        let text = match crate::asyncapi::render(events, &schemas, &info) {
+            Ok(text) => text,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        let committed = std::fs::read_to_string(&out).ok();
+        if committed.as_deref() == Some(text.as_str()) {
+            println!("{} is up to date", out.display());
+            return ExitCode::SUCCESS;
+        }
+        if args.check {
+            eprintln!(
+                "error: {} is {}; run `cargo xtask asyncapi` and commit it",
+                out.display(),
+                if committed.is_some() { "stale" } else { "missing" }
+            );
+            return ExitCode::from(1);
+        }
+        match std::fs::write(&out, text) {
+            Ok(()) => {
+                println!("wrote {}", out.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {}: {e}", out.display());
+                ExitCode::from(2)
+            }
+        }
     }
 
     fn typegen(&self, args: TypegenArgs) -> ExitCode {
@@ -242,8 +343,8 @@ fn workspace_root(start: &Path) -> Option<PathBuf> {
     })
 }
 
-fn generate(dir: &Path, events: &[&EventDescriptor], force: bool) -> ExitCode {
-    match schema::generate(dir, events, force) {
+fn generate(dir: &Path, events: &[&EventDescriptor], force: bool, base: &str) -> ExitCode {
+    match schema::generate_with(dir, events, force, base) {
         Ok(done) => {
             let (mut created, mut updated, mut unchanged) = (0, 0, 0);
             for status in &done {

@@ -1,6 +1,9 @@
-//! The Kafka-protocol broker tests talk to: `KAFKA_BROKERS` when set (e.g. a Tansu process),
-//! otherwise librdkafka's in-process mock cluster. Tests that inject faults always use a
-//! mock cluster of their own ([`Kafka::mock`]).
+//! The Kafka-protocol broker of tests and of `cargo xtask demo`, `chaos` and `bench`:
+//! `KAFKA_BROKERS` when set (e.g. a Tansu process), otherwise librdkafka's in-process mock
+//! cluster. Tests that inject faults always use a mock cluster of their own
+//! ([`Kafka::mock`]).
+//!
+//! The `try_` forms return errors, for the xtask commands; the others panic, for tests.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -12,8 +15,10 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-/// A broker for one test: [`EmbeddedKafka`], the library's test broker, with the readers
-/// tests need (records, committed offsets, watermarks).
+use crate::Failure;
+
+/// A broker for one test or run: [`EmbeddedKafka`], the library's test broker, with the
+/// readers tests need (records, committed offsets, watermarks).
 pub struct Kafka {
     inner: EmbeddedKafka,
 }
@@ -42,12 +47,26 @@ pub struct Record {
 impl Kafka {
     /// `KAFKA_BROKERS` if set, else a fresh in-process mock cluster.
     pub fn start() -> Kafka {
-        Kafka { inner: EmbeddedKafka::from_env().expect("broker") }
+        Kafka::try_start().expect("broker")
+    }
+
+    /// [`Kafka::start`], failing instead of panicking.
+    pub fn try_start() -> Result<Kafka, Failure> {
+        Ok(Kafka {
+            inner: EmbeddedKafka::from_env().map_err(|e| format!("cannot start the mock cluster: {e}"))?,
+        })
     }
 
     /// A fresh in-process mock cluster with one broker (id 1), for fault injection.
     pub fn mock() -> Kafka {
-        Kafka { inner: EmbeddedKafka::start().expect("mock cluster") }
+        Kafka::try_mock().expect("mock cluster")
+    }
+
+    /// [`Kafka::mock`], failing instead of panicking.
+    pub fn try_mock() -> Result<Kafka, Failure> {
+        Ok(Kafka {
+            inner: EmbeddedKafka::start().map_err(|e| format!("cannot start the mock cluster: {e}"))?,
+        })
     }
 
     /// The bootstrap servers.
@@ -60,9 +79,22 @@ impl Kafka {
         self.inner.mock_cluster()
     }
 
+    /// Whether this is an in-process mock cluster (not `KAFKA_BROKERS`).
+    pub fn is_mock(&self) -> bool {
+        self.inner.mock_cluster().is_some()
+    }
+
     /// Creates `topic` with `partitions` partitions unless it exists.
     pub async fn create_topic(&self, topic: &str, partitions: i32) {
         self.create_topic_with(topic, partitions, &[]).await;
+    }
+
+    /// [`Kafka::create_topic`], failing instead of panicking.
+    pub async fn try_create_topic(&self, topic: &str, partitions: i32) -> Result<(), Failure> {
+        self.inner
+            .create_topic(topic, partitions)
+            .await
+            .map_err(|e| format!("cannot create topic {topic}: {e}").into())
     }
 
     /// Creates `topic` with topic settings (ignored by the mock cluster, which takes none).
@@ -98,13 +130,18 @@ impl Kafka {
     /// partition by partition (one assigned partition at a time works with every broker
     /// tried), within `timeout`. Returns them in partition then offset order.
     pub fn read_all(&self, topic: &str, timeout: Duration) -> Vec<Record> {
+        self.try_read_all(topic, timeout).expect("read the topic")
+    }
+
+    /// [`Kafka::read_all`], failing instead of panicking. What is not read within
+    /// `timeout` is left out, not an error.
+    pub fn try_read_all(&self, topic: &str, timeout: Duration) -> Result<Vec<Record>, Failure> {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", self.inner.bootstrap())
             .set("group.id", format!("outbox-tests-reader-{}", uuid::Uuid::new_v4()))
             .set("enable.auto.commit", "false")
-            .create()
-            .expect("consumer");
-        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).expect("metadata");
+            .create()?;
+        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
         let partitions: Vec<i32> =
             metadata.topics().iter().flat_map(|t| t.partitions()).map(|p| p.id()).collect();
         let deadline = Instant::now() + timeout;
@@ -114,39 +151,19 @@ impl Kafka {
             // A slow broker (Tansu after a long run) may need more than one try.
             let (low, high) = (0..3)
                 .find_map(|_| consumer.fetch_watermarks(topic, partition, Duration::from_secs(20)).ok())
-                .expect("watermarks after 3 tries of 20 s");
+                .ok_or_else(|| format!("{topic}[{partition}]: no watermarks after 3 tries of 20 s"))?;
             if high <= low {
                 continue;
             }
             let mut assignment = TopicPartitionList::new();
-            assignment.add_partition_offset(topic, partition, Offset::Offset(low)).expect("offset");
-            consumer.assign(&assignment).expect("assign");
+            assignment.add_partition_offset(topic, partition, Offset::Offset(low))?;
+            consumer.assign(&assignment)?;
             let mut next = low;
             while next < high && Instant::now() < deadline {
                 match consumer.poll(Duration::from_millis(200)) {
                     Some(Ok(message)) => {
                         next = message.offset() + 1;
-                        let headers = message
-                            .headers()
-                            .map(|hs| {
-                                hs.iter()
-                                    .map(|h| {
-                                        (
-                                            h.key.to_owned(),
-                                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
-                                        )
-                                    })
-                                    .collect()
-                            })
-                            .unwrap_or_default();
-                        records.push(Record {
-                            key: String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned(),
-                            value: String::from_utf8_lossy(message.payload().unwrap_or_default())
-                                .into_owned(),
-                            headers,
-                            partition: message.partition(),
-                            offset: message.offset(),
-                        });
+                        records.push(Record::of(&message));
                     }
                     Some(Err(error)) => eprintln!("reader: {error}"),
                     None => {}
@@ -155,6 +172,28 @@ impl Kafka {
         }
         eprintln!("read {} records of {topic} in {:.1}s", records.len(), started.elapsed().as_secs_f64());
         records.sort_by_key(|r| (r.partition, r.offset));
-        records
+        Ok(records)
+    }
+}
+
+impl Record {
+    fn of(message: &impl Message) -> Record {
+        let headers = message
+            .headers()
+            .map(|hs| {
+                hs.iter()
+                    .map(|h| {
+                        (h.key.to_owned(), String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Record {
+            key: String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned(),
+            value: String::from_utf8_lossy(message.payload().unwrap_or_default()).into_owned(),
+            headers,
+            partition: message.partition(),
+            offset: message.offset(),
+        }
     }
 }

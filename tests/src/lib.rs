@@ -1,4 +1,17 @@
-//! Shared helpers for the workspace-level integration tests in `tests/tests/`.
+//! The shared test kit: the workspace-level integration tests in `tests/tests/` and
+//! `cargo xtask demo`, `chaos`, `fuzz` and `bench` set up with it.
+//!
+//! - [`kafka`]: the broker (`KAFKA_BROKERS`, else librdkafka's in-process mock cluster),
+//!   topics, and reading records back;
+//! - [`db`]: the PostgreSQL server (`DATABASE_URL` or the local default) and fresh
+//!   databases on it;
+//! - [`events`]: the test events and the headers the relay writes;
+//! - [`Rng`]: the seeded generator whose seed a run prints;
+//! - [`raw`], [`running`], [`fuzz`]: records no safe client writes, a relay running in the
+//!   test, the inbox's fuzz run;
+//! - [`relay_kit`], [`inbox_kit`]: what the relay's and the inbox's test files share.
+
+use std::time::{Duration, Instant};
 
 use outbox_examples::events::{OrderLine, Payment};
 use outbox_examples::orders::{self, NewOrder};
@@ -6,7 +19,22 @@ use outbox_runtime::Outbox;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+pub mod db;
+pub mod events;
+pub mod fuzz;
+pub mod inbox_kit;
+pub mod kafka;
+pub mod raw;
+pub mod relay_kit;
+mod rng;
 pub mod running;
+
+pub use db::database_url;
+pub use events::{Credit, Step};
+pub use rng::{Rng, SEED_VAR};
+
+/// What the kit's fallible set-up returns on failure (the panicking forms are for tests).
+pub type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 /// Runs the default outbox's and the order service's migrations on `pool`.
 pub async fn migrate(pool: &PgPool) -> Outbox {
@@ -32,29 +60,6 @@ pub async fn outbox_rows(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM public.outbox").fetch_one(pool).await.expect("count")
 }
 
-pub mod fuzz;
-pub mod kafka;
-pub mod raw;
-
-use std::time::{Duration, Instant};
-
-use outbox_runtime::OutboxEvent;
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-
-/// A test event: step `n` of aggregate `id`, on topic `outbox-test-steps`.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, OutboxEvent)]
-#[outbox(event_type = "test.step", schema_version = 1, aggregate = "test", topic = "outbox-test-steps")]
-pub struct Step {
-    /// The aggregate.
-    #[outbox(aggregate_id)]
-    pub id: String,
-    /// Its step number, also given as aggregate_version.
-    pub n: i64,
-    /// Filler.
-    pub data: String,
-}
-
 /// Polls `check` every 50 ms until it returns true or `timeout` passes; says whether it did.
 pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
 where
@@ -78,56 +83,4 @@ pub async fn rows_in(pool: &PgPool, status: &str) -> i64 {
         .fetch_one(pool)
         .await
         .expect("count")
-}
-
-/// The URL of the database `pool` is connected to (for child processes).
-pub fn database_url(pool: &PgPool) -> String {
-    let base =
-        std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let db = pool.connect_options().get_database().unwrap_or("test").to_owned();
-    match base.rfind('/') {
-        Some(i) => format!("{}/{db}", &base[..i]),
-        None => base,
-    }
-}
-
-/// A small deterministic PRNG (xorshift64*) for tests that print their seed.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// Seeded from `OUTBOX_TEST_SEED` or the clock; prints the seed.
-    pub fn from_env(name: &str) -> Rng {
-        Rng::seeded(Rng::seed_from_env(name))
-    }
-
-    /// `OUTBOX_TEST_SEED`, or one from the clock; printed with `name`, so that a failing
-    /// run can be repeated.
-    pub fn seed_from_env(name: &str) -> u64 {
-        let seed = std::env::var("OUTBOX_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
-        eprintln!("{name}: OUTBOX_TEST_SEED={seed}");
-        seed
-    }
-
-    /// The generator of `seed`.
-    pub fn seeded(seed: u64) -> Rng {
-        Rng(seed | 1)
-    }
-
-    /// Next number.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// A number in `lo..hi`.
-    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next_u64() % (hi - lo).max(1)
-    }
 }

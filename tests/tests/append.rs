@@ -102,8 +102,9 @@ async fn oversized_record_fails_the_append_before_commit(pool: PgPool) {
         other => panic!("unexpected {other}"),
     }
     // Just under the limit is accepted.
-    // Counted: the payload, the aggregate id "9" twice (key, ce_subject), the type names.
-    let counted = r#"{"id":9,"data":""}"#.len() + 2 * "9".len() + "test.blob".len() + "test".len();
+    // Counted: the payload, the aggregate id "9" twice (key, ce_subject), the event type twice
+    // (ce_type, ce_dataschema), the aggregate type.
+    let counted = r#"{"id":9,"data":""}"#.len() + 2 * "9".len() + 2 * "test.blob".len() + "test".len();
     let fits = 4096 - outbox_runtime::RESERVED_HEADER_BYTES - counted;
     outbox.append(&mut tx, &Blob { id: 9, data: "x".repeat(fits) }).await.expect("fits");
     tx.commit().await.expect("commit");

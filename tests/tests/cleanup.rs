@@ -68,7 +68,7 @@ async fn a_zero_batch_size_is_refused_by_name_instead_of_looping(pool: PgPool) {
     let stop = CancellationToken::new();
     let cleanup = tokio::time::timeout(bounded, outbox.delete_published(&pool, WEEK, 0, &stop)).await;
     assert!(refused(cleanup.expect("delete_published(.., 0, ..) returns instead of looping")));
-    let purge = tokio::time::timeout(bounded, outbox.purge(&pool, WEEK, 0, |_| {})).await;
+    let purge = tokio::time::timeout(bounded, outbox.ops().purge(&pool, WEEK, 0, |_| {})).await;
     assert!(refused(purge.expect("purge returns")));
     assert!(refused(outbox.delete_published(&pool, WEEK, 100_001, &stop).await));
     assert_eq!(rows_in(&pool, "published").await, 1, "nothing was deleted by a refused call");

@@ -74,7 +74,7 @@ async fn gauges_match_a_known_state_and_the_relay_counts_what_it_publishes(pool:
         .execute(&pool)
         .await
         .expect("age");
-    let status = outbox.record_gauges(&pool).await.expect("gauges");
+    let status = outbox.ops().record_gauges(&pool).await.expect("gauges");
     assert_eq!((status.pending, status.failed), (3, 0));
     let metrics = snapshot();
     assert_eq!(metrics["outbox_pending"], [3.0], "3 pending events");
@@ -91,12 +91,12 @@ async fn gauges_match_a_known_state_and_the_relay_counts_what_it_publishes(pool:
     assert_eq!(metrics["outbox_dead_tuples"].len(), 1);
     // This test database's outbox was never vacuumed nor analysed (autovacuum may be off):
     // the lag reads +Inf, so that an alert on it fires; after ANALYZE it is a few seconds.
-    let gauges = outbox.record_gauges(&pool).await.expect("gauges");
+    let gauges = outbox.ops().record_gauges(&pool).await.expect("gauges");
     if gauges.seconds_since_analyze.is_none() {
         assert_eq!(snapshot()["outbox_seconds_since_analyze"], [f64::INFINITY]);
     }
     sqlx::query("VACUUM ANALYZE outbox").execute(&pool).await.expect("vacuum analyze");
-    let gauges = outbox.record_gauges(&pool).await.expect("gauges");
+    let gauges = outbox.ops().record_gauges(&pool).await.expect("gauges");
     let metrics = snapshot();
     for name in ["outbox_seconds_since_analyze", "outbox_seconds_since_vacuum"] {
         let lag = metrics[name][0];

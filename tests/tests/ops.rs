@@ -86,7 +86,7 @@ async fn reconcile_finds_a_removed_inbox_row_and_replay_is_absorbed_by_the_inbox
     let hour = Duration::from_secs(3600);
     let (since, until) = (SystemTime::now() - hour, SystemTime::now() + hour);
     let side = InboxSide::new(pool.clone(), "public", "inbox", "ledger").expect("side");
-    let clean = outbox.reconcile(&pool, since, until, Some(&side)).await.expect("reconcile");
+    let clean = outbox.ops().reconcile(&pool, since, until, Some(&side)).await.expect("reconcile");
     assert_eq!(clean.differences, 0, "{clean:?}");
     let total = |f: fn(&outbox_runtime::ops::ReconciliationRow) -> i64| clean.rows.iter().map(f).sum::<i64>();
     assert_eq!(
@@ -96,7 +96,7 @@ async fn reconcile_finds_a_removed_inbox_row_and_replay_is_absorbed_by_the_inbox
 
     // Replay one account: its 5 events go out again with their ids and are absorbed.
     let filter = ReplayFilter { aggregate_id: Some("acc-1".into()), ..ReplayFilter::default() };
-    let report = outbox.replay(&pool, &filter, false).await.expect("replay");
+    let report = outbox.ops().replay(&pool, &filter, false).await.expect("replay");
     assert_eq!((report.matched, report.replayed), (5, 5));
     assert!(
         eventually(Duration::from_secs(60), || async {
@@ -116,7 +116,7 @@ async fn reconcile_finds_a_removed_inbox_row_and_replay_is_absorbed_by_the_inbox
     .fetch_one(&pool)
     .await
     .expect("remove");
-    let found = outbox.reconcile(&pool, since, until, Some(&side)).await.expect("reconcile");
+    let found = outbox.ops().reconcile(&pool, since, until, Some(&side)).await.expect("reconcile");
     assert_eq!(found.differences, 1, "{found:?}");
     let missing: Vec<Uuid> = found.rows.iter().flat_map(|r| r.not_applied_ids.clone()).collect();
     assert_eq!(missing, [removed]);
@@ -153,7 +153,7 @@ async fn a_replay_with_a_relay_running_replays_each_row_exactly_once(pool: PgPoo
     let relay = Relay::new(pool.clone(), outbox.clone(), RelayConfig::new(kafka.bootstrap())).expect("relay");
     let stop = CancellationToken::new();
     let task = tokio::spawn(relay.run(stop.clone()));
-    let report = outbox.replay(&pool, &ReplayFilter::default(), false).await.expect("replay");
+    let report = outbox.ops().replay(&pool, &ReplayFilter::default(), false).await.expect("replay");
     assert_eq!(report.replayed, rows.unsigned_abs(), "each row replayed once: {report:?}");
     // Statistics for the new backlog, so that the relay's marks get their index plans
     // (plans on stale statistics are issue 13's matter, not this test's).
@@ -219,7 +219,7 @@ async fn reconcile_counts_one_moment_while_events_are_published_applied_and_purg
             .await
             .expect("apply");
             if k % 4 == 3 {
-                outbox_for_purge.purge(&busy, Duration::ZERO, 500, |_| {}).await.expect("purge");
+                outbox_for_purge.ops().purge(&busy, Duration::ZERO, 500, |_| {}).await.expect("purge");
             }
         }
     });
@@ -230,7 +230,7 @@ async fn reconcile_counts_one_moment_while_events_are_published_applied_and_purg
         InboxSide::new(pool.clone(), "public", "inbox", "ledger").expect("side").require("test.deposit");
     let mut runs = 0;
     while !mutator.is_finished() || runs < 5 {
-        let r = outbox.reconcile(&pool, since, until, Some(&side)).await.expect("reconcile");
+        let r = outbox.ops().reconcile(&pool, since, until, Some(&side)).await.expect("reconcile");
         runs += 1;
         let sum = |f: fn(&outbox_runtime::ops::ReconciliationRow) -> i64| r.rows.iter().map(f).sum::<i64>();
         assert!(r.one_snapshot, "the inbox is in the same database: one snapshot");
@@ -292,6 +292,7 @@ async fn reconcile_with_the_inbox_in_another_database_reads_it_in_a_snapshot_of_
     let side = InboxSide::new(other.clone(), "public", "inbox", "ledger").expect("side");
     let hour = Duration::from_secs(3600);
     let r = outbox
+        .ops()
         .reconcile(&pool, SystemTime::now() - hour, SystemTime::now() + hour, Some(&side))
         .await
         .expect("reconcile");

@@ -24,11 +24,9 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
-use rdkafka::mocking::MockCluster;
-use rdkafka::producer::DefaultProducerContext;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use outbox_tests::db::fresh_databases;
+use outbox_tests::kafka::Kafka;
+use outbox_tests::{Failure, Rng};
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
@@ -84,40 +82,8 @@ async fn restart_postgres(command: &str) -> Result<Duration, Failure> {
     Ok(started.elapsed())
 }
 
-type Failure = Box<dyn std::error::Error + Send + Sync>;
-
-/// xorshift64*: enough randomness to pick victims and moments, reproducible from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo).max(1)
-    }
-}
-
 pub(crate) fn run(args: ChaosArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("chaos: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    match runtime.block_on(chaos(args)) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
-        Err(e) => {
-            eprintln!("chaos failed: {e}");
-            ExitCode::from(1)
-        }
-    }
+    crate::block_on("chaos", chaos(args))
 }
 
 /// The example binaries, built next to this one.
@@ -180,41 +146,13 @@ impl Role {
 }
 
 /// Records of `event_type` in `topic`: (all, distinct event ids).
-fn topic_counts(bootstrap: &str, topic: &str, event_type: &str) -> Result<(u64, u64), Failure> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", format!("chaos-reader-{}", Uuid::new_v4()))
-        .set("enable.auto.commit", "false")
-        .create()?;
-    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-    let partitions: Vec<i32> =
-        metadata.topics().iter().flat_map(|t| t.partitions()).map(|p| p.id()).collect();
-    let (mut all, mut ids) = (0u64, BTreeSet::new());
-    for partition in partitions {
-        let (low, high) = consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))?;
-        let mut list = TopicPartitionList::new();
-        list.add_partition_offset(topic, partition, Offset::Offset(low))?;
-        consumer.assign(&list)?;
-        let (mut next, deadline) = (low, Instant::now() + Duration::from_secs(60));
-        while next < high && Instant::now() < deadline {
-            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
-                next = m.offset() + 1;
-                let header = |name: &str| {
-                    m.headers().and_then(|hs| {
-                        hs.iter()
-                            .find(|h| h.key == name)
-                            .and_then(|h| h.value)
-                            .map(|v| String::from_utf8_lossy(v).into_owned())
-                    })
-                };
-                if header("ce_type").as_deref() == Some(event_type) {
-                    all += 1;
-                    ids.extend(header("ce_id"));
-                }
-            }
-        }
-    }
-    Ok((all, ids.len() as u64))
+fn topic_counts(kafka: &Kafka, topic: &str, event_type: &str) -> Result<(u64, u64), Failure> {
+    // Up to a minute for each of the topic's 6 partitions.
+    let records = kafka.try_read_all(topic, Duration::from_secs(6 * 60))?;
+    let of_type: Vec<_> =
+        records.iter().filter(|r| r.headers.get("ce_type").map(String::as_str) == Some(event_type)).collect();
+    let ids: BTreeSet<&String> = of_type.iter().filter_map(|r| r.headers.get("ce_id")).collect();
+    Ok((of_type.len() as u64, ids.len() as u64))
 }
 
 /// What the projection says about the confirmed orders.
@@ -236,23 +174,20 @@ fn verdict(confirmed: &[Uuid], projected: &[(Uuid, i32)]) -> Verdict {
 }
 
 async fn chaos(args: ChaosArgs) -> Result<bool, Failure> {
-    let seed = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
-    });
-    let mut rng = Rng(seed | 1);
+    let seed = args.seed.unwrap_or_else(Rng::clock_seed);
+    let mut rng = Rng::seeded(seed);
     let pg_restart = if args.no_pg_restart { None } else { Some(pg_restart_command()?) };
     let bin = binaries()?;
-    let base = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| outbox_examples::relay_process::DEFAULT_DATABASE_URL.to_owned());
-    let admin = PgPoolOptions::new().max_connections(1).connect(&base).await?;
-    let orders_url = crate::fresh_database(&admin, &base, "outbox_chaos_orders").await?;
-    let projection_url = crate::fresh_database(&admin, &base, "outbox_chaos_projection").await?;
+    let [orders_url, projection_url] =
+        fresh_databases(["outbox_chaos_orders", "outbox_chaos_projection"]).await?;
     let orders_db = PgPoolOptions::new().max_connections(4).connect(&orders_url).await?;
     let projection_db = PgPoolOptions::new().max_connections(4).connect(&projection_url).await?;
 
-    let mock: MockCluster<'static, DefaultProducerContext> = MockCluster::new(1)?;
-    mock.create_topic("orders", 6, 1)?;
-    let brokers = mock.bootstrap_servers();
+    // Always a mock cluster of its own: the faults include taking its broker down.
+    let kafka = Kafka::try_mock()?;
+    kafka.try_create_topic("orders", 6).await?;
+    let mock = kafka.mock_cluster().ok_or("not a mock cluster")?;
+    let brokers = kafka.bootstrap().to_owned();
     let logs = std::env::temp_dir().join(format!("outbox-chaos-{seed}"));
     std::fs::create_dir_all(&logs)?;
     println!(
@@ -421,14 +356,14 @@ async fn chaos(args: ChaosArgs) -> Result<bool, Failure> {
         .fetch_all(&projection_db)
         .await?;
     let Verdict { applied, lost, applied_twice } = verdict(&confirmed, &projected);
-    let (in_topic, distinct) = topic_counts(&brokers, "orders", "order.confirmed")?;
+    let (in_topic, distinct) = topic_counts(&kafka, "orders", "order.confirmed")?;
     let line = format!(
         "{{\"events\":{},\"published\":{published},\"applied\":{},\"lost\":{lost},\"applied_twice\":{applied_twice},\"duplicates_absorbed\":{},\"kills\":{kills},\"pg_restarts\":{pg_restarts}}}",
         confirmed.len(),
         applied,
         in_topic - distinct
     );
-    drop(mock);
+    drop(kafka);
     println!("{line}");
     Ok(lost == 0 && applied_twice == 0 && confirmed.len() as u64 == args.events)
 }

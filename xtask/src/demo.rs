@@ -17,7 +17,9 @@ use outbox_runtime::inbox::Inbox;
 use outbox_runtime::ops::InboxSide;
 use outbox_runtime::relay::{Relay, RelayConfig};
 use outbox_runtime::Outbox;
-use rdkafka::mocking::MockCluster;
+use outbox_tests::db::fresh_databases;
+use outbox_tests::kafka::Kafka;
+use outbox_tests::Failure;
 use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -29,76 +31,25 @@ pub(crate) struct DemoArgs {
     orders: usize,
 }
 
-type Failure = Box<dyn std::error::Error + Send + Sync>;
-
 pub(crate) fn run(args: DemoArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("demo: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    match runtime.block_on(demo(args.orders)) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
-        Err(e) => {
-            eprintln!("demo failed: {e}");
-            ExitCode::from(1)
-        }
-    }
-}
-
-/// Creates `topic` on a real broker unless it exists (brokers like Tansu do not auto-create).
-async fn create_topic(brokers: &str, topic: &str, partitions: i32) -> Result<(), Failure> {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use rdkafka::client::DefaultClientContext;
-    use rdkafka::types::RDKafkaErrorCode;
-    let admin: AdminClient<DefaultClientContext> =
-        rdkafka::ClientConfig::new().set("bootstrap.servers", brokers).create()?;
-    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-    for result in
-        admin.create_topics(&[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))], &options).await?
-    {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((name, code)) => return Err(format!("cannot create topic {name}: {code:?}").into()),
-        }
-    }
-    Ok(())
+    crate::block_on("demo", demo(args.orders))
 }
 
 async fn demo(count: usize) -> Result<bool, Failure> {
-    let base = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| outbox_examples::relay_process::DEFAULT_DATABASE_URL.to_owned());
-    let admin = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&base)
-        .await
-        .map_err(|e| format!("PostgreSQL at {base}: {e}"))?;
-    let orders_url = crate::fresh_database(&admin, &base, "outbox_demo_orders").await?;
-    let projection_url = crate::fresh_database(&admin, &base, "outbox_demo_projection").await?;
+    let [orders_url, projection_url] =
+        fresh_databases(["outbox_demo_orders", "outbox_demo_projection"]).await?;
     let orders_db = PgPoolOptions::new().max_connections(8).connect(&orders_url).await?;
     let projection_db = PgPoolOptions::new().max_connections(8).connect(&projection_url).await?;
 
-    let (mock, brokers) = match std::env::var("KAFKA_BROKERS") {
-        Ok(brokers) if !brokers.is_empty() => {
-            create_topic(&brokers, "orders", 6).await?;
-            (None, brokers)
-        }
-        _ => {
-            let mock = MockCluster::new(1)?;
-            mock.create_topic("orders", 6, 1)?;
-            let brokers = mock.bootstrap_servers();
-            (Some(mock), brokers)
-        }
-    };
+    let kafka = Kafka::try_start()?;
+    kafka.try_create_topic("orders", 6).await?;
+    let brokers = kafka.bootstrap();
     println!("outbox demo");
     println!("  producer database  {orders_url}");
     println!("  consumer database  {projection_url}");
     println!(
         "  kafka              {brokers} ({})",
-        if mock.is_some() { "in-process mock cluster" } else { "KAFKA_BROKERS" }
+        if kafka.is_mock() { "in-process mock cluster" } else { "KAFKA_BROKERS" }
     );
 
     let outbox = Outbox::default_ref().clone();
@@ -106,7 +57,7 @@ async fn demo(count: usize) -> Result<bool, Failure> {
     orders::MIGRATOR.run(&orders_db).await?;
     projection::MIGRATOR.run(&projection_db).await?;
     let inbox =
-        Inbox::new(projection_db.clone(), consumer_process::inbox_config(&brokers), projection::handlers())?;
+        Inbox::new(projection_db.clone(), consumer_process::inbox_config(brokers), projection::handlers())?;
     inbox.migrator().run(&projection_db).await?;
 
     // 1. The order service: place, then confirm each order twice at once; the conditional
@@ -143,7 +94,7 @@ async fn demo(count: usize) -> Result<bool, Failure> {
 
     // 2. Relay and consumer run until the projection has every confirmed order.
     let shutdown = CancellationToken::new();
-    let relay = Relay::new(orders_db.clone(), outbox.clone(), RelayConfig::new(&brokers))?;
+    let relay = Relay::new(orders_db.clone(), outbox.clone(), RelayConfig::new(brokers))?;
     let relay_stats = relay.stats();
     let inbox_stats = inbox.stats();
     let relay_task = tokio::spawn(relay.run(shutdown.clone()));
@@ -189,7 +140,7 @@ async fn demo(count: usize) -> Result<bool, Failure> {
         elapsed.as_secs_f64()
     );
     // 5. What an operator sees: `outbox status` and `outbox reconcile` against the inbox.
-    let status = outbox.status(&orders_db).await?;
+    let status = outbox.ops().status(&orders_db).await?;
     println!(
         "5. operator: pending {}, failed {}, published {}, oldest unpublished {}, table {} kB",
         status.pending,
@@ -200,8 +151,10 @@ async fn demo(count: usize) -> Result<bool, Failure> {
     );
     let hour = Duration::from_secs(3600);
     let side = InboxSide::new(projection_db.clone(), "public", "inbox", projection::CONSUMER)?;
-    let reconciled =
-        outbox.reconcile(&orders_db, SystemTime::now() - hour, SystemTime::now() + hour, Some(&side)).await?;
+    let reconciled = outbox
+        .ops()
+        .reconcile(&orders_db, SystemTime::now() - hour, SystemTime::now() + hour, Some(&side))
+        .await?;
     println!(
         "     reconcile: {} difference(s); not consumed by {}: {}",
         reconciled.differences,
@@ -218,6 +171,6 @@ async fn demo(count: usize) -> Result<bool, Failure> {
     } else {
         println!("\ndemo FAILED: {confirmed} confirmed, {projected} projected, max applications {max_applications:?}");
     }
-    drop(mock);
+    drop(kafka);
     Ok(ok)
 }

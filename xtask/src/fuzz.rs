@@ -1,13 +1,15 @@
 //! `cargo xtask fuzz inbox --records N --seed S`: the inbox against a seeded generator of
 //! records nobody planned for (`outbox_tests::fuzz`), long. It runs the bounded test
-//! (`tests/tests/inbox_fuzz.rs`) with more records, so that xtask does not link the test
-//! crate (whose test events would join the schema registry), and prints the test's JSON
-//! verdict. Exits 0 when every guarantee held, 1 when one broke (the seed repeats the run),
-//! 2 on bad arguments (clap's).
+//! (`tests/tests/inbox_fuzz.rs`) with more records, so that the long run and the bounded
+//! one are one run with one set of checks, and prints the test's JSON verdict. Exits 0
+//! when every guarantee held, 1 when one broke (the seed repeats the run), 2 on bad
+//! arguments (clap's).
 
 use std::process::{Command, ExitCode, Stdio};
 
 use clap::{Args, Subcommand};
+use outbox_tests::fuzz::VERDICT_PREFIX;
+use outbox_tests::SEED_VAR;
 
 #[derive(Subcommand)]
 pub(crate) enum FuzzCommand {
@@ -29,8 +31,6 @@ pub(crate) struct InboxArgs {
     partitions: Option<u64>,
 }
 
-const VERDICT: &str = "fuzz verdict: ";
-
 pub(crate) fn run(command: FuzzCommand) -> ExitCode {
     let FuzzCommand::Inbox(args) = command;
     let partitions = args.partitions.unwrap_or_else(|| args.records.div_ceil(2500).clamp(4, 64));
@@ -43,7 +43,7 @@ pub(crate) fn run(command: FuzzCommand) -> ExitCode {
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     if let Some(seed) = args.seed {
-        test.env("OUTBOX_TEST_SEED", seed.to_string());
+        test.env(SEED_VAR, seed.to_string());
     }
     eprintln!("fuzz inbox: {} records over {partitions} partitions", args.records);
     let output = match test.output() {
@@ -54,7 +54,7 @@ pub(crate) fn run(command: FuzzCommand) -> ExitCode {
         }
     };
     let stderr = String::from_utf8_lossy(&output.stderr);
-    let verdict = stderr.lines().find_map(|line| line.strip_prefix(VERDICT));
+    let verdict = stderr.lines().find_map(|line| line.strip_prefix(VERDICT_PREFIX));
     match verdict {
         Some(json) => println!("{json}"),
         None => {
@@ -67,7 +67,7 @@ pub(crate) fn run(command: FuzzCommand) -> ExitCode {
     if output.status.success() {
         ExitCode::SUCCESS
     } else {
-        let seed = stderr.lines().find_map(|l| l.split("OUTBOX_TEST_SEED=").nth(1)).unwrap_or("?");
+        let seed = stderr.lines().find_map(|l| l.split(&format!("{SEED_VAR}=")).nth(1)).unwrap_or("?");
         eprintln!("fuzz inbox: a guarantee broke; repeat with --seed {seed}");
         ExitCode::from(1)
     }

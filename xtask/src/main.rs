@@ -1,10 +1,12 @@
 //! `cargo xtask`: the project's chores as one command line. Each command lives in its own
 //! module and is a thin layer over library functions users can call from their own xtask.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use outbox_runtime::registry::{self, EventDescriptor};
 
 // Linked for its registered events.
 use outbox_examples as _;
@@ -41,19 +43,34 @@ enum Command {
     Bench(bench::BenchArgs),
 }
 
-/// Recreates database `name` on the server of `base_url` (dropping it first); returns its URL.
-pub(crate) async fn fresh_database(
-    admin: &sqlx::PgPool,
-    base_url: &str,
+/// The events the contract commands work on: every registered one but the test kit's
+/// (`outbox_tests::events`), which this binary links for its set-up and which have no
+/// committed schemas.
+fn contract_events() -> Vec<&'static EventDescriptor> {
+    registry::events().into_iter().filter(|e| !e.rust_type.starts_with("outbox_tests::")).collect()
+}
+
+/// Runs `run` on a multi-threaded runtime: exit code 0 when it returns true, 1 when it
+/// returns false or fails (said as "`name` failed: ...").
+pub(crate) fn block_on(
     name: &str,
-) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
-    use sqlx::AssertSqlSafe;
-    sqlx::query(AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
-        .execute(admin)
-        .await?;
-    sqlx::query(AssertSqlSafe(format!("CREATE DATABASE \"{name}\""))).execute(admin).await?;
-    let server = base_url.rsplit_once('/').map_or(base_url, |(server, _)| server);
-    Ok(format!("{server}/{name}"))
+    run: impl Future<Output = Result<bool, outbox_tests::Failure>>,
+) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("{name} failed: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// The workspace root (where `schemas/` lives).
@@ -68,11 +85,27 @@ fn main() -> ExitCode {
         Command::Contracts(cmd) => outbox_runtime::xtask::Xtask::new()
             .root(project_root())
             .typegen_out("examples/src/consumer_types.rs")
-            .run(cmd),
+            .asyncapi_title("Order service events (outbox examples)")
+            .run_on(cmd, &contract_events()),
         Command::Broker(args) => broker::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Chaos(args) => chaos::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Fuzz(cmd) => fuzz::run(cmd),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{contract_events, registry};
+
+    #[test]
+    fn the_contract_commands_leave_out_the_test_kits_events_only() {
+        let all = registry::events();
+        let kit = |rust_type: &str| rust_type.starts_with("outbox_tests::");
+        let contracts = contract_events();
+        assert!(contracts.iter().all(|e| !kit(e.rust_type)));
+        assert!(contracts.iter().any(|e| e.rust_type.starts_with("outbox_examples::")));
+        assert_eq!(contracts.len(), all.iter().filter(|e| !kit(e.rust_type)).count());
     }
 }

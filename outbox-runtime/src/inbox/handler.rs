@@ -144,11 +144,22 @@ impl From<sqlx::Error> for HandlerError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Meta {
-    /// `ce_id`.
+    /// The event id the inbox deduplicates on: the CloudEvents `id` when it is a UUID (as
+    /// the relay sends), else a UUIDv5 of `source` and `id`
+    /// ([`event_id_of`](super::event_id_of)).
     pub event_id: Uuid,
+    /// The CloudEvents `id`, as sent.
+    pub id: String,
+    /// The CloudEvents `source`.
+    pub source: String,
+    /// The CloudEvents `dataschema`, when sent.
+    pub dataschema: Option<String>,
+    /// Whether the record was a structured-mode CloudEvent (the whole event as JSON in the
+    /// value) rather than binary mode (attributes in `ce_*` headers).
+    pub structured: bool,
     /// `ce_type`.
     pub event_type: String,
-    /// `ce_schemaversion`.
+    /// `ce_schemaversion`, or the version the `dataschema` names (`.../v2.json`).
     pub schema_version: u32,
     /// `ce_aggregatetype`, when present.
     pub aggregate_type: Option<String>,
@@ -166,6 +177,15 @@ pub struct Meta {
     pub offset: i64,
     /// Every header, by name.
     pub headers: BTreeMap<String, String>,
+}
+
+impl Meta {
+    /// The CloudEvents `id` and `source` when the event id was derived from them (an id
+    /// that is not a UUID), for the inbox row.
+    pub(crate) fn foreign(&self) -> Option<(&str, &str)> {
+        (Uuid::parse_str(&self.id).ok() != Some(self.event_id))
+            .then_some((self.id.as_str(), self.source.as_str()))
+    }
 }
 
 /// A boxed future, as erased handlers return (futures' own).

@@ -113,7 +113,22 @@ CREATE INDEX "{table}_applied_at" ON {inbox} (consumer, applied_at);
             AssertSqlSafe(v3).into_sql_str(),
             false,
         );
-        let mut migrator = Migrator::with_migrations(vec![migration, migration2, migration3]);
+        let v4 = format!(
+            r#"
+-- A CloudEvent's own id and source, kept when its id is not a UUID (event_id is then the
+-- UUIDv5 of the two, see inbox::event_id_of); NULL when event_id is the id as sent.
+-- Nullable columns without a default: no table rewrite.
+ALTER TABLE {inbox} ADD COLUMN ce_id text, ADD COLUMN ce_source text;
+"#
+        );
+        let migration4 = Migration::new(
+            4,
+            "CloudEvents ids that are not UUIDs".into(),
+            MigrationType::Simple,
+            AssertSqlSafe(v4).into_sql_str(),
+            false,
+        );
+        let mut migrator = Migrator::with_migrations(vec![migration, migration2, migration3, migration4]);
         migrator.create_schema(schema.clone());
         migrator.dangerous_set_table_name(format!("\"{schema}\".\"{table}_migrations\""));
         migrator

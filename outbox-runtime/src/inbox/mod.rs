@@ -41,6 +41,7 @@ mod message;
 mod migrate;
 mod release;
 mod retention;
+mod spans;
 mod stats;
 mod store;
 mod worker;
@@ -53,6 +54,7 @@ use tokio_util::sync::CancellationToken;
 pub use self::admin::{Discarded, InboxAdmin};
 pub use self::config::InboxConfig;
 pub use self::handler::{BoxFuture, EventHandler, HandlerError, Handlers, Meta, RawHandler};
+pub use self::message::{event_id_of, FOREIGN_ID_NAMESPACE};
 pub use self::release::Released;
 pub use self::retention::{judge as judge_retention, judge_topic, RetentionVerdict};
 pub use self::stats::InboxStats;
@@ -112,7 +114,7 @@ impl Inbox {
     /// An inbox consumer on `pool` (not yet connected to Kafka).
     ///
     /// Every setting is checked here (invariant 12): one that cannot work is an
-    /// [`Error::Config`] naming it.
+    /// [`Error::Config`](crate::Error::Config) naming it.
     pub fn new(pool: PgPool, config: InboxConfig, handlers: Handlers) -> Result<Self> {
         let names = InboxNames::new(&config.schema, &config.table)?;
         config.validate()?;
@@ -141,7 +143,7 @@ impl Inbox {
     /// redelivered), commits the finished offsets and returns, all within
     /// [`InboxConfig::shutdown_timeout`] (records still in hand then are abandoned too).
     ///
-    /// It returns early with [`Error::Inbox`] when the consumer cannot go on: a record that
+    /// It returns early with [`Error::Inbox`](crate::Error::Inbox) when the consumer cannot go on: a record that
     /// cannot be given any outcome (not even parked), a worker that panicked, a Kafka error
     /// that does not pass (authorization, a fatal idempotence error). It never lives on
     /// without consuming: restart it (or the process) on an error.

@@ -4,11 +4,11 @@
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, PgPool};
 
+use super::Ops;
 use super::{CapacityStatus, DEFAULT_RATE_WINDOW};
 use crate::error::Result;
-use crate::outbox::Outbox;
 
-/// What [`Outbox::record_gauges`] read: the outbox's state from its partial indexes, its
+/// What [`Ops::record_gauges`](super::Ops::record_gauges) read: the outbox's state from its partial indexes, its
 /// time indexes and PostgreSQL's statistics views, never from a count over the whole table
 /// (every relay reads it at every lease renewal, and the table holds every retained
 /// published event).
@@ -48,7 +48,7 @@ pub struct Gauges {
 /// of the outbox, whatever its statistics say (an un-analysed table can look empty).
 const GAUGES_PLAN: &str = "SELECT set_config('enable_seqscan', 'off', true)";
 
-impl Outbox {
+impl Ops {
     /// Reads the outbox's [`Gauges`] and sets the gauge metrics from them. Relays call
     /// this at every lease renewal; call it yourself to export the gauges from another
     /// process. Its cost grows with the unpublished events and the events of the last

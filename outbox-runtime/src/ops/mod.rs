@@ -1,5 +1,7 @@
 //! Operating an outbox: its status and forecast, failed events, retry, discard, replay,
-//! purge and reconcile. The `outbox` command line (feature `cli`) is a thin layer over these.
+//! purge, reconcile and the gauges, on the handle [`Outbox::ops`] gives (as
+//! [`Inbox::admin`](crate::inbox::Inbox::admin) does for an inbox). The `outbox` command
+//! line (feature `cli`) is a thin layer over these.
 
 use std::time::Duration;
 
@@ -11,7 +13,9 @@ use crate::capacity::seconds_to_full;
 use crate::error::Result;
 use crate::outbox::Outbox;
 
+mod deprecated;
 mod gauges;
+mod purge;
 mod reconcile;
 mod replay;
 
@@ -35,7 +39,7 @@ pub struct Status {
     /// headline figure. `None` when there is none.
     pub oldest_unpublished_age_seconds: Option<f64>,
     /// Pending events waiting for a retry after a failed attempt (see
-    /// [`Outbox::retrying`]). Replayed events and failed events put back by `retry` are
+    /// [`Ops::retrying`]). Replayed events and failed events put back by `retry` are
     /// plain pending until an attempt fails.
     pub retrying: i64,
     /// Over the last `window_seconds`: events appended per second.
@@ -159,14 +163,44 @@ pub enum RetryTarget {
     AllFailed,
 }
 
+/// The operator side of one outbox (see the [module documentation](self)); from
+/// [`Outbox::ops`]. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Ops {
+    outbox: Outbox,
+}
+
 impl Outbox {
+    /// The operator side of this outbox: status, failed and retrying events, retry,
+    /// discard, replay, purge, reconcile, gauges.
+    pub fn ops(&self) -> Ops {
+        Ops { outbox: self.clone() }
+    }
+}
+
+impl Ops {
+    /// The outbox operated.
+    pub fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
+    fn names(&self) -> &crate::table::Names {
+        self.outbox.names()
+    }
+
+    fn config(&self) -> &crate::outbox::OutboxConfig {
+        self.outbox.config()
+    }
+}
+
+impl Ops {
     /// Counts, the age of the oldest unpublished event, rates over the last 5 minutes,
     /// table size and the capacity forecast.
     pub async fn status(&self, pool: &PgPool) -> Result<Status> {
         self.status_over(pool, DEFAULT_RATE_WINDOW).await
     }
 
-    /// [`Outbox::status`] with rates measured over `window`.
+    /// [`Ops::status`] with rates measured over `window`.
     pub async fn status_over(&self, pool: &PgPool, window: Duration) -> Result<Status> {
         let names = self.names();
         let sql = format!(

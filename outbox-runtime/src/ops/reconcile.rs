@@ -19,9 +19,9 @@ use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use super::replay::epoch_seconds;
+use super::Ops;
 use crate::error::Result;
 use crate::inbox::InboxNames;
-use crate::outbox::Outbox;
 
 /// Outbox rows read per round trip when checking the inbox.
 const CHUNK: i64 = 10_000;
@@ -95,7 +95,7 @@ pub struct ReconciliationRow {
     pub not_applied_ids: Vec<Uuid>,
 }
 
-/// The result of [`Outbox::reconcile`].
+/// The result of [`Ops::reconcile`](super::Ops::reconcile).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct Reconciliation {
@@ -143,7 +143,7 @@ async fn inbox_snapshot(
     Ok((snapshot(pool).await?, false))
 }
 
-impl Outbox {
+impl Ops {
     /// Counts events per type and hour of creation in `[since, until)` and compares
     /// appended with published and, given `inbox`, published with applied.
     pub async fn reconcile(

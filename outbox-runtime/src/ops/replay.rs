@@ -1,13 +1,12 @@
-//! Replay (publish again what was published) and purge (delete what is done with).
+//! Replay: publish again what was published, with the original event ids.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, PgPool};
 
-use crate::cleanup::Deletable;
+use super::Ops;
 use crate::error::Result;
-use crate::outbox::Outbox;
 
 /// Rows replayed per transaction.
 const REPLAY_BATCH: i64 = 5_000;
@@ -63,7 +62,7 @@ fn on_the_hour(t: Option<SystemTime>) -> bool {
     t.is_none_or(|t| epoch_seconds(t).rem_euclid(3600.0) == 0.0)
 }
 
-impl Outbox {
+impl Ops {
     /// Puts the published events matching `filter` back up for publication, with their
     /// original event ids, so consumers that already applied them absorb them as
     /// duplicates. A dry run counts and changes nothing. Works in batches of 5,000 rows,
@@ -145,29 +144,5 @@ impl Outbox {
             sqlx::query("SELECT pg_notify($1, '')").bind(&self.names().channel).execute(pool).await?;
         }
         Ok(report)
-    }
-
-    /// Deletes published events published more than `older_than` ago and discarded events
-    /// created more than `older_than` ago, never pending or failed ones; `batch_size` per
-    /// transaction. `progress` is called after each batch with the running total.
-    /// Returns how many were deleted. What is deleted is counted for `reconcile`.
-    pub async fn purge(
-        &self,
-        pool: &PgPool,
-        older_than: Duration,
-        batch_size: u32,
-        mut progress: impl FnMut(u64),
-    ) -> Result<u64> {
-        crate::cleanup::check_batch_size("batch_size", batch_size)?;
-        let mut total = 0;
-        loop {
-            let deleted =
-                self.delete_batch(pool, Deletable::PublishedOrDiscarded, older_than, batch_size).await?;
-            total += deleted;
-            progress(total);
-            if deleted < u64::from(batch_size) {
-                return Ok(total);
-            }
-        }
     }
 }

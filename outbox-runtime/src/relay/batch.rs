@@ -180,7 +180,7 @@ impl Relay {
                     break;
                 }
                 let refused = match self.topics.verdict(&row.topic) {
-                    Verdict::Send => match publish::enqueue(&self.producer, row, &self.config.source) {
+                    Verdict::Send => match publish::enqueue(&self.producer, row, &self.config) {
                         Ok(delivery) => {
                             in_flight.push((row, delivery));
                             continue;

@@ -23,6 +23,7 @@ pub struct RelayConfig {
     pub(super) max_attempts: Option<u32>,
     pub(super) missing_topic_timeout: Duration,
     pub(super) source: String,
+    pub(super) dataschema_base: String,
     pub(super) producer: BTreeMap<String, String>,
     pub(super) cleanup: Option<Cleanup>,
 }
@@ -40,6 +41,7 @@ impl std::fmt::Debug for RelayConfig {
             .field("max_attempts", &self.max_attempts)
             .field("missing_topic_timeout", &self.missing_topic_timeout)
             .field("source", &self.source)
+            .field("dataschema_base", &self.dataschema_base)
             .field("producer", &redacted(&self.producer))
             .field("cleanup", &self.cleanup)
             .finish()
@@ -64,6 +66,7 @@ impl RelayConfig {
             max_attempts: None,
             missing_topic_timeout: Duration::from_secs(300),
             source: "/outbox".to_owned(),
+            dataschema_base: crate::schema::DEFAULT_SCHEMA_BASE.to_owned(),
             producer: BTreeMap::new(),
             cleanup: Some(Cleanup::default()),
         }
@@ -150,14 +153,32 @@ impl RelayConfig {
         self
     }
 
-    /// The CloudEvents `source` attribute (`ce_source` header). Default: `/outbox`.
+    /// The CloudEvents `source` attribute (`ce_source` header): a URI-reference naming the
+    /// producing service, e.g. `/order-service` or `urn:example:order-service`; 1 to 128
+    /// bytes. Consumers may take events with the same `source` and `id` as duplicates.
+    /// Default: `/outbox`.
     #[must_use]
     pub fn source(mut self, source: impl Into<String>) -> Self {
         self.source = source.into();
         self
     }
 
-    /// A librdkafka producer setting (e.g. `compression.type`, `security.protocol`), as
+    /// The base of the CloudEvents `dataschema` attribute (`ce_dataschema` header):
+    /// each record names its committed schema as `{base}/{event_type}/v{schema_version}.json`
+    /// ([`schema_uri`](crate::schema::schema_uri)), the `$id` of the file `cargo xtask
+    /// schema generate` writes with the same base (`Xtask::schema_base`). An absolute URI
+    /// (CloudEvents requires one; the JavaScript SDK checks it), e.g.
+    /// `https://schemas.example.com`; 1 to 128 bytes.
+    /// Default: [`DEFAULT_SCHEMA_BASE`](crate::schema::DEFAULT_SCHEMA_BASE), `urn:outbox:schemas`.
+    #[must_use]
+    pub fn dataschema_base(mut self, base: impl Into<String>) -> Self {
+        self.dataschema_base = base.into();
+        self
+    }
+
+    /// A librdkafka producer setting (e.g. `compression.type`, `security.protocol`, or
+    /// `partitioner`, which is `murmur2_random` unless set: the Java client's choice of
+    /// partition for a key, where librdkafka's own default is `consistent_random`), as
     /// [`InboxConfig::kafka_setting`](crate::inbox::InboxConfig::kafka_setting) is for the
     /// consumer. `acks` and `enable.idempotence` are fixed and cannot be set, nor anything
     /// else that would break a guarantee, under any name or alias; a value librdkafka
@@ -252,6 +273,23 @@ impl RelayConfig {
                 self.backoff_base, self.backoff_max
             )));
         }
+        for (name, value) in [("source", &self.source), ("dataschema_base", &self.dataschema_base)] {
+            if value.is_empty()
+                || value.len() > 128
+                || value.chars().any(|c| c.is_control() || c.is_whitespace())
+            {
+                return Err(Error::Config(format!(
+                    "{name} {value:?} must be 1 to 128 bytes without spaces or control characters (a URI)"
+                )));
+            }
+        }
+        if !self.dataschema_base.contains(':') {
+            return Err(Error::Config(format!(
+                "dataschema_base {:?} must be an absolute URI (https://..., urn:...): CloudEvents requires \
+                 dataschema to be one, and consumers' SDKs check it",
+                self.dataschema_base
+            )));
+        }
         if let Some(cleanup) = &self.cleanup {
             cleanup.validate()?;
         }
@@ -293,6 +331,10 @@ impl RelayConfig {
     /// See [`RelayConfig::source`].
     pub fn get_source(&self) -> &str {
         &self.source
+    }
+    /// See [`RelayConfig::dataschema_base`].
+    pub fn get_dataschema_base(&self) -> &str {
+        &self.dataschema_base
     }
     /// The value of a librdkafka setting given with [`RelayConfig::kafka_setting`].
     pub fn get_kafka_setting(&self, key: &str) -> Option<&str> {

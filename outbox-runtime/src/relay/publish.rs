@@ -9,6 +9,7 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer, 
 use rdkafka::ClientConfig;
 
 use super::claim::{Placement, Row};
+use super::RelayConfig;
 use crate::error::{Error, Result};
 
 /// Producer settings the relay's guarantees rest on; they cannot be overridden. With
@@ -29,8 +30,12 @@ pub(crate) const FIXED: &[(&str, &str)] =
 /// happens if the relay stalls for a whole `message_timeout`; the lease (more than twice
 /// the message timeout) still bounds every send.
 pub(crate) fn backstop(message_timeout: Duration) -> Duration {
-    message_timeout * 2
+    message_timeout.saturating_mul(2)
 }
+
+/// The relay's partitioner unless a `kafka_setting` says otherwise: Java-compatible
+/// murmur2 of the key (null keys, which the relay never sends, at random).
+pub(crate) const DEFAULT_PARTITIONER: &str = "murmur2_random";
 
 /// Builds the idempotent, gapless producer: `acks=all`, and `message.timeout.ms` at
 /// [`backstop`] so that every record ends (delivered or failed) within a lease.
@@ -49,7 +54,11 @@ pub(crate) fn producer(
         // One request in flight per broker: a retried request is resent before anything
         // behind it, whether or not the broker checks sequence numbers (see FIXED).
         .set("max.in.flight.requests.per.connection", "1")
-        .set("retry.backoff.ms", "100");
+        .set("retry.backoff.ms", "100")
+        // The Java client's partitioner (murmur2 of the key; librdkafka's default is CRC32),
+        // so that producers in other languages keyed by the same aggregate id put its
+        // events on the same partition (invariant 13). A `kafka_setting` may change it.
+        .set("partitioner", DEFAULT_PARTITIONER);
     for (key, value) in overrides {
         if FIXED.iter().any(|(k, _)| k == key) {
             return Err(Error::Config(format!(
@@ -67,20 +76,26 @@ pub(crate) fn producer(
 
 /// The Kafka headers of a row: CloudEvents binary mode plus the outbox's extensions and
 /// the row's extra headers.
-pub(crate) fn headers(row: &Row, source: &str) -> OwnedHeaders {
+pub(crate) fn headers(row: &Row, config: &RelayConfig) -> OwnedHeaders {
     let event_id = row.event_id.to_string();
     let schema_version = row.schema_version.to_string();
+    let dataschema = crate::schema::schema_uri(
+        &config.dataschema_base,
+        &row.event_type,
+        u32::try_from(row.schema_version).unwrap_or(0),
+    );
     let aggregate_version = row.aggregate_version.map(|v| v.to_string());
     let mut fixed: Vec<(&str, &str)> = vec![
         ("ce_specversion", "1.0"),
         ("ce_id", &event_id),
         ("ce_type", &row.event_type),
-        ("ce_source", source),
+        ("ce_source", &config.source),
         ("ce_time", &row.created_at),
         ("ce_subject", &row.aggregate_id),
         ("content-type", "application/json"),
         ("ce_schemaversion", &schema_version),
         ("ce_aggregatetype", &row.aggregate_type),
+        ("ce_dataschema", &dataschema),
     ];
     if let Some(v) = &aggregate_version {
         fixed.push(("ce_aggregateversion", v));
@@ -130,12 +145,12 @@ pub(crate) fn judge(error: &KafkaError) -> Sent {
 pub(crate) fn enqueue(
     producer: &FutureProducer,
     row: &Row,
-    source: &str,
+    config: &RelayConfig,
 ) -> std::result::Result<DeliveryFuture, Sent> {
     let record = FutureRecord::to(&row.topic)
         .key(row.aggregate_id.as_bytes())
         .payload(row.payload.as_bytes())
-        .headers(headers(row, source));
+        .headers(headers(row, config));
     producer.send_result(record).map_err(|(error, _)| judge(&error))
 }
 
@@ -167,4 +182,47 @@ pub(crate) async fn purge(producer: &FutureProducer, inflight: bool) {
 /// Whether the producer hit a fatal error and must be replaced.
 pub(crate) fn fatal(producer: &FutureProducer) -> Option<String> {
     producer.client().fatal_error().map(|(code, reason)| format!("{code:?}: {reason}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::message::Headers;
+    use uuid::Uuid;
+
+    use super::{headers, Row};
+    use crate::relay::RelayConfig;
+
+    /// What an append counts for a record's headers covers what the relay sends, with the
+    /// longest `source` and `dataschema_base` a relay accepts and the largest versions: a
+    /// record an append accepted is never refused by the broker for its headers.
+    #[test]
+    fn the_headers_fit_in_what_an_append_counts_for_them() {
+        let long = format!("urn:{}", "x".repeat(124));
+        let config = RelayConfig::new("b:9092").source(long.clone()).dataschema_base(long);
+        config.validate().expect("the longest accepted values");
+        let row = Row {
+            id: 1,
+            event_id: Uuid::new_v4(),
+            aggregate_type: "order".into(),
+            aggregate_id: "a".repeat(100),
+            aggregate_version: Some(i64::MIN),
+            event_type: "billing.invoice_paid_in_full".into(),
+            schema_version: i32::MAX,
+            topic: "t".into(),
+            payload: "{}".into(),
+            headers: "{}".into(),
+            created_at: "2026-12-01T21:23:03.123456Z".into(),
+            attempts: 0,
+            work_partition: 0,
+        };
+        let sent = headers(&row, &config);
+        let bytes: usize = sent.iter().map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len)).sum();
+        let counted = row.aggregate_id.len()
+            + 2 * row.event_type.len()
+            + row.aggregate_type.len()
+            + crate::RESERVED_HEADER_BYTES;
+        assert!(bytes <= counted, "headers take {bytes} bytes, an append counts {counted}");
+        let names: Vec<&str> = sent.iter().map(|h| h.key).collect();
+        assert!(names.contains(&"ce_dataschema"), "{names:?}");
+    }
 }

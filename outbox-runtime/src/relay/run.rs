@@ -160,7 +160,7 @@ async fn record_gauges(pool: PgPool, outbox: Outbox, every: Duration, shutdown: 
             () = shutdown.cancelled() => return,
         }
         crate::metrics::record_pool(&pool);
-        if let Err(error) = outbox.record_gauges(&pool).await {
+        if let Err(error) = outbox.ops().record_gauges(&pool).await {
             debug!(stage = "metrics", %error, "could not read the outbox status");
         }
     }

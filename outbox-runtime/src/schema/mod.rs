@@ -6,17 +6,24 @@
 //! `outbox_runtime::xtask` (feature `xtask`) is the command line over these functions, for
 //! this repository's `cargo xtask schema ...` and for yours.
 
+mod check;
 pub mod compat;
 mod document;
 mod keywords;
+mod problem;
 mod repo;
 
+pub use check::{check, check_with, CheckOptions};
 pub use compat::{compare, compare_transitive, Direction, Incompatibility, Mode, Report, Rule};
 pub use document::{InputError, SchemaDoc};
+pub use problem::{CheckReport, Problem};
+pub(crate) use repo::sorted as sorted_value;
 pub use repo::{
-    check, check_with, document, generate, render, schema_path, CheckOptions, CheckReport, FileStatus,
-    GenerateError, Problem,
+    document, document_with, generate, generate_with, render, render_with, schema_path, schema_uri,
+    FileStatus, GenerateError, DEFAULT_SCHEMA_BASE,
 };
 
+#[cfg(test)]
+mod serde_enum_tests;
 #[cfg(test)]
 mod serde_tests;

@@ -5,7 +5,10 @@ use std::fs;
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use super::*;
+use serde_json::Value;
+
+use crate::registry::EventDescriptor;
+use crate::schema::*;
 use crate::OutboxEvent;
 
 /// Version 1 as committed.

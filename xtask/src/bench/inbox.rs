@@ -48,7 +48,7 @@ pub(super) async fn inbox_throughput(
     broker.create_topic(&topic, INBOX_PARTITIONS).await?;
     sqlx::query("TRUNCATE outbox").execute(pool).await?;
     fill(pool, n, sizes.aggregates, &topic).await?;
-    let config = RelayConfig::new(&broker.bootstrap);
+    let config = RelayConfig::new(broker.bootstrap());
     let acked = hooks::produce_pending(pool, outbox, &config).await?;
     if i64::try_from(acked)? != n {
         return Err(format!("producing the inbox input: {acked} of {n} acknowledged").into());
@@ -62,14 +62,14 @@ pub(super) async fn inbox_throughput(
 
     // The raw consumers first (they warm the broker's caches for neither: each reads cold
     // from its own group's start).
-    let raw = rate(n, raw_consume(pool, &broker.bootstrap, &topic, n, 1).await?);
-    let single = rate(n, inbox_run(pool, &broker.bootstrap, &topic, n, 1, 0).await?);
+    let raw = rate(n, raw_consume(pool, broker.bootstrap(), &topic, n, 1).await?);
+    let single = rate(n, inbox_run(pool, broker.bootstrap(), &topic, n, 1, 0).await?);
     // Batched, both sides take well under a second here: three alternating rounds, the
     // median of their ratios (and of each side's rate).
     let (mut ratios, mut raws, mut inboxes) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..3 {
-        let raw_batched = rate(n, raw_consume(pool, &broker.bootstrap, &topic, n, INBOX_BATCH).await?);
-        let batched = rate(n, inbox_run(pool, &broker.bootstrap, &topic, n, INBOX_BATCH, round).await?);
+        let raw_batched = rate(n, raw_consume(pool, broker.bootstrap(), &topic, n, INBOX_BATCH).await?);
+        let batched = rate(n, inbox_run(pool, broker.bootstrap(), &topic, n, INBOX_BATCH, round).await?);
         ratios.push(batched / raw_batched);
         raws.push(raw_batched);
         inboxes.push(batched);

@@ -20,18 +20,18 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use outbox_examples::orders;
 use outbox_runtime::Outbox;
+use outbox_tests::db::fresh_databases;
+use outbox_tests::Failure;
 use serde_json::Value;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
 use self::append::append_overhead;
-use self::broker::{broker, mock_broker};
+use self::broker::{broker, mock_broker, start_tansu, Tansu};
 use self::claim::claim_backlog;
 use self::inbox::inbox_throughput;
 use self::notify::notify_latency;
 use self::relay::relay_throughput;
-
-type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Args)]
 pub(crate) struct BenchArgs {
@@ -93,6 +93,14 @@ pub(crate) fn run(args: BenchArgs) -> ExitCode {
     if cfg!(debug_assertions) && !args.in_this_build {
         return rerun_in_release(&args);
     }
+    // Before the runtime's threads: a Tansu broker it starts becomes `KAFKA_BROKERS`.
+    let tansu = match start_tansu() {
+        Ok(tansu) => tansu,
+        Err(e) => {
+            eprintln!("bench failed: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -100,7 +108,7 @@ pub(crate) fn run(args: BenchArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let result = runtime.block_on(bench(&args));
+    let result = runtime.block_on(bench(&args, tansu.as_ref()));
     // A Kafka client closing against a broker that stopped answering blocks its thread;
     // do not wait for it.
     runtime.shutdown_timeout(Duration::from_secs(5));
@@ -170,14 +178,11 @@ const RATIOS: &[(&str, &str, f64, bool)] = &[
     ("inbox_vs_raw_batched", "the same, up to 100 per transaction", 0.7, true),
 ];
 
-async fn bench(args: &BenchArgs) -> Result<(), Failure> {
+async fn bench(args: &BenchArgs, tansu: Option<&Tansu>) -> Result<(), Failure> {
     let sizes = if args.quick { QUICK } else { FULL };
-    let base = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| outbox_examples::relay_process::DEFAULT_DATABASE_URL.to_owned());
-    let admin = PgPoolOptions::new().max_connections(1).connect(&base).await?;
-    let url = crate::fresh_database(&admin, &base, "outbox_bench").await?;
+    let [url] = fresh_databases(["outbox_bench"]).await?;
     let pool = PgPoolOptions::new().max_connections(16).connect(&url).await?;
-    let broker = broker().await?;
+    let broker = broker(tansu)?;
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let pg_version: String = sqlx::query_scalar("SHOW server_version").fetch_one(&pool).await?;
     println!("outbox bench ({})", if args.quick { "quick" } else { "full" });

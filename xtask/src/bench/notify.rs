@@ -31,7 +31,7 @@ pub(super) async fn notify_latency(
     let relay = Relay::new(
         pool.clone(),
         outbox.clone(),
-        RelayConfig::new(&broker.bootstrap).poll_interval(POLL).cleanup(None),
+        RelayConfig::new(broker.bootstrap()).poll_interval(POLL).cleanup(None),
     )?;
     let stop = CancellationToken::new();
     let task = tokio::spawn(relay.run(stop.clone()));

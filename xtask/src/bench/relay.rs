@@ -87,7 +87,7 @@ pub(super) async fn relay_throughput(
     broker.create_topic(&topic, PARTITIONS).await?;
     let n = sizes.relay_events;
     fill(pool, n, sizes.aggregates, &topic).await?;
-    let config = RelayConfig::new(&broker.bootstrap).poll_interval(Duration::from_millis(100)).cleanup(None);
+    let config = RelayConfig::new(broker.bootstrap()).poll_interval(Duration::from_millis(100)).cleanup(None);
 
     // The raw producer: the same records, the same settings, all in flight at once.
     let (acked, raw_elapsed) = hooks::raw_produce(pool, outbox, &config).await?;

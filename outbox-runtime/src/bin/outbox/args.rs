@@ -121,6 +121,12 @@ pub(crate) struct RelayArgs {
     /// (`Cleanup::default`).
     #[arg(long, default_value_t = Dur(Cleanup::default().get_retention()), value_parser = parse_dur)]
     pub(crate) cleanup_after: Dur,
+    /// The CloudEvents `source` of the records (name the service, e.g. /order-service).
+    #[arg(long, default_value_t = RelayConfig::new("").get_source().to_owned())]
+    pub(crate) source: String,
+    /// The base of the records' `dataschema` (the committed schemas' `$id` base).
+    #[arg(long, default_value_t = RelayConfig::new("").get_dataschema_base().to_owned())]
+    pub(crate) dataschema_base: String,
     /// Do not delete published rows (overrides --cleanup-after).
     #[arg(long)]
     pub(crate) no_cleanup: bool,

@@ -32,7 +32,7 @@ pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
         }
         Command::Relay(args) => return relay(outbox, pool, args).await,
         Command::Status { json, window } => {
-            let status = outbox.status_over(&pool, window).await?;
+            let status = outbox.ops().status_over(&pool, window).await?;
             if json {
                 render::json(&status);
             } else {
@@ -40,7 +40,7 @@ pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
             }
         }
         Command::Failed(FailedCommand::List { json }) => {
-            let failed = outbox.failed(&pool).await?;
+            let failed = outbox.ops().failed(&pool).await?;
             if json {
                 render::json(&failed);
             } else {
@@ -48,7 +48,7 @@ pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
             }
         }
         Command::Retrying { json, limit } => {
-            let retrying = outbox.retrying(&pool, limit).await?;
+            let retrying = outbox.ops().retrying(&pool, limit).await?;
             if json {
                 render::json(&retrying);
             } else {
@@ -61,7 +61,7 @@ pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
                 (_, Some(aggregate), _) => RetryTarget::Aggregate(aggregate),
                 _ => RetryTarget::AllFailed,
             };
-            let n = outbox.retry(&pool, &target).await?;
+            let n = outbox.ops().retry(&pool, &target).await?;
             println!("{n} failed event(s) put back up for publication");
             if n == 0 {
                 return Ok(ExitCode::from(1));
@@ -74,7 +74,7 @@ pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
                     format!("discarding {event_id} means it is never published; add --yes to confirm"),
                 ));
             }
-            if !outbox.discard(&pool, event_id, &reason).await? {
+            if !outbox.ops().discard(&pool, event_id, &reason).await? {
                 return Err(Fail(1, format!("no failed or pending event {event_id}")));
             }
             println!("discarded {event_id}: {reason}");
@@ -87,7 +87,7 @@ pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
                 since: parse_optional_time(&pool, "--since", f.since.as_deref()).await?,
                 until: parse_optional_time(&pool, "--until", f.until.as_deref()).await?,
             };
-            let report = outbox.replay(&pool, &filter, args.dry_run).await?;
+            let report = outbox.ops().replay(&pool, &filter, args.dry_run).await?;
             if args.json {
                 render::json(&report);
             } else {
@@ -99,6 +99,7 @@ pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
         }
         Command::Purge { older_than, batch_size } => {
             let deleted = outbox
+                .ops()
                 .purge(&pool, older_than, batch_size, |total| {
                     if total > 0 {
                         eprintln!("purge: {total} deleted");
@@ -126,6 +127,8 @@ pub(crate) async fn relay(outbox: Outbox, pool: PgPool, args: RelayArgs) -> Resu
         .batch_size(args.batch_size)
         .poll_interval(args.poll_interval.0)
         .missing_topic_timeout(args.missing_topic_timeout.0)
+        .source(args.source)
+        .dataschema_base(args.dataschema_base)
         .cleanup(cleanup);
     let relay = Relay::new(pool, outbox, config)?;
     let shutdown = CancellationToken::new();
@@ -152,7 +155,7 @@ pub(crate) async fn reconcile(outbox: &Outbox, pool: &PgPool, args: ReconcileArg
         }
         _ => None,
     };
-    let result = outbox.reconcile(pool, since, until, inbox.as_ref()).await?;
+    let result = outbox.ops().reconcile(pool, since, until, inbox.as_ref()).await?;
     if args.json {
         render::json(&result);
     } else {

@@ -7,13 +7,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use sqlx::{PgConnection, PgPool, SqlStr};
-use tracing::warn;
+use tracing::{warn, Instrument as _};
 use uuid::Uuid;
 
 use super::{InboxNames, Outcome, Step, Store};
 use crate::error::Result;
 use crate::inbox::handler::{Dispatch, Erased, Handlers, Meta, Resolved};
 use crate::inbox::message::Incoming;
+use crate::inbox::spans;
 use crate::table::sql;
 
 /// The set-based statements of a batch: each does for all of the batch's records what
@@ -49,9 +50,9 @@ impl BatchStatements {
             )),
             insert_inbox: sql(format!(
                 "INSERT INTO {inbox} (consumer, event_id, event_type, schema_version, aggregate_type, aggregate_id, \
-                                      aggregate_version, topic, kafka_partition, kafka_offset) \
+                                      aggregate_version, topic, kafka_partition, kafka_offset, ce_id, ce_source) \
                  SELECT $1, u.* FROM unnest($2::uuid[], $3::text[], $4::int[], $5::text[], $6::text[], $7::bigint[], \
-                                            $8::text[], $9::int[], $10::bigint[]) AS u \
+                                            $8::text[], $9::int[], $10::bigint[], $11::text[], $12::text[]) AS u \
                  ON CONFLICT (consumer, event_id) DO NOTHING RETURNING event_id"
             )),
             // The batch's aggregate rows, locked: those it inserts (with no version yet)
@@ -210,10 +211,17 @@ impl Store {
         for (i, ((msg, meta, handler), decided)) in batch.iter().zip(decided).enumerate() {
             at.store(i, Ordering::Relaxed);
             outcomes.push(match decided {
-                Outcome::Applied { gap } => match handler.call(&mut *tx, &msg.payload, meta).await {
-                    Dispatch::Ran(Ok(())) => Outcome::Applied { gap },
-                    _ => return Ok(SetResult::Failed),
-                },
+                Outcome::Applied { gap } => {
+                    let span = spans::handling(&self.consumer, msg, meta);
+                    match handler.call(&mut *tx, msg.event_data(), meta).instrument(span).await {
+                        Dispatch::Ran(Ok(())) => Outcome::Applied { gap },
+                        _ => return Ok(SetResult::Failed),
+                    }
+                }
+                Outcome::Duplicate => {
+                    spans::duplicate(&self.consumer, msg, meta);
+                    Outcome::Duplicate
+                }
                 other => other,
             });
         }
@@ -269,6 +277,8 @@ impl Store {
             .bind(batch.iter().map(|(msg, _, _)| msg.topic.as_str()).collect::<Vec<_>>())
             .bind(batch.iter().map(|(msg, _, _)| msg.partition).collect::<Vec<_>>())
             .bind(batch.iter().map(|(msg, _, _)| msg.offset).collect::<Vec<_>>())
+            .bind(column(&|m| m.foreign().map(|(id, _)| id.to_owned())))
+            .bind(column(&|m| m.foreign().map(|(_, source)| source.to_owned())))
             .fetch_all(&mut *tx)
             .await?;
         let mut inserted: HashSet<Uuid> = inserted.into_iter().collect();

@@ -2,10 +2,11 @@
 //! aggregate version tracking, the handler's effect; or parking with its reason.
 
 use sqlx::{PgConnection, PgPool, Postgres, SqlStr, Transaction};
-use tracing::warn;
+use tracing::{warn, Instrument as _};
 
 use super::handler::{Dispatch, Handlers, Meta, Resolved};
 use super::message::{raw_headers_json, Incoming};
+use super::spans;
 use crate::error::Result;
 use crate::table::{sql, validate_identifier};
 
@@ -131,8 +132,8 @@ impl Store {
             )),
             insert_inbox: sql(format!(
                 "INSERT INTO {inbox} (consumer, event_id, event_type, schema_version, aggregate_type, aggregate_id, \
-                                      aggregate_version, topic, kafka_partition, kafka_offset) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+                                      aggregate_version, topic, kafka_partition, kafka_offset, ce_id, ce_source) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
                  ON CONFLICT (consumer, event_id) DO NOTHING RETURNING 1"
             )),
             version: sql(format!(
@@ -315,9 +316,12 @@ impl Store {
             .bind(&msg.topic)
             .bind(msg.partition)
             .bind(msg.offset)
+            .bind(meta.foreign().map(|(id, _)| id))
+            .bind(meta.foreign().map(|(_, source)| source))
             .fetch_optional(&mut *tx)
             .await?;
         if new.is_none() {
+            spans::duplicate(&self.consumer, msg, meta);
             self.resolve(tx, resolves).await?;
             return Ok(Step::Commit(Outcome::Duplicate));
         }
@@ -328,7 +332,8 @@ impl Store {
                 return Ok(Step::Commit(Outcome::Stale));
             }
         };
-        match handler.call(tx, &msg.payload, meta).await {
+        let span = spans::handling(&self.consumer, msg, meta);
+        match handler.call(tx, msg.event_data(), meta).instrument(span).await {
             Dispatch::Ran(Ok(())) => {
                 self.resolve(tx, resolves).await?;
                 Ok(Step::Commit(Outcome::Applied { gap }))

@@ -92,6 +92,8 @@ async fn per_message_statements_read_a_handful_of_rows_whatever_the_statistics(p
                 .bind("t")
                 .bind(0)
                 .bind(200_000_i64)
+                .bind(None::<String>)
+                .bind(None::<String>)
                 .fetch_one(&mut *tx)
                 .await
                 .expect("insert_inbox"),

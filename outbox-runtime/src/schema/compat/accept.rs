@@ -3,10 +3,11 @@
 use serde_json::Value;
 
 use super::node::{expand, Expanded, Node, Term, UNDERSTOOD};
-use super::range::{End, Num, Range};
-use super::subsume::{
-    child, describe_types, items_of, reader_extras, required_of, true_schema, type_accepts, Checker, Extras,
+use super::parts::{
+    child, describe_types, items_of, reader_extras, required_of, true_schema, type_accepts, Extras,
 };
+use super::range::{End, Num, Range};
+use super::subsume::Checker;
 use super::Rule;
 
 pub(super) struct Rejection {

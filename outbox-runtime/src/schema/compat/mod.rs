@@ -26,6 +26,7 @@ use super::document::SchemaDoc;
 mod accept;
 mod node;
 mod normalize;
+mod parts;
 mod range;
 mod subsume;
 
@@ -244,5 +245,7 @@ fn can_read(writer: &SchemaDoc, reader: &SchemaDoc) -> Vec<Finding> {
     cx.sub(&Term::root(writer.root()), &Term::root(reader.root()), "$")
 }
 
+#[cfg(test)]
+mod structure_tests;
 #[cfg(test)]
 mod tests;

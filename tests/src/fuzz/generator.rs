@@ -1,178 +1,22 @@
-//! An adversarial run of the inbox: a seeded generator of records nobody planned for
-//! (random bytes in keys, values, header names and values; valid and broken CloudEvents;
-//! empty, null and huge values; NUL inside JSON strings; duplicate and colliding ids; stale
-//! versions; handlers that fail transiently, for good, or panic), interleaved with valid
-//! events over several partitions, consumed by the inbox against real PostgreSQL.
-//!
-//! The generator also says what the inbox must do with each record (it models the holds per
-//! topic and key, dedup by event id and version tracking per aggregate), and the verdict
-//! compares that with what the inbox recorded: every record exactly one outcome, every
-//! valid event applied once, committed offsets at the end of every partition, `run()`
-//! returning after cancel. `tests/tests/inbox_fuzz.rs` runs it bounded; `cargo xtask fuzz
-//! inbox --records N --seed S` runs it long.
+//! The fuzz run's generator: records nobody planned for, each with what the inbox must do
+//! with it, from a model of the holds per topic and key, dedup by event id and version
+//! tracking per aggregate.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::collections::{HashMap, HashSet};
 
-use outbox_runtime::inbox::{EventHandler, HandlerError, Handlers, Inbox, InboxConfig, Meta};
-use serde::{Deserialize, Serialize};
-use sqlx::{PgConnection, PgPool};
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::kafka::Kafka;
-use crate::raw::{RawProducer, RawRecord};
+use super::{Credit, Expected, Planned, AUDIT, CREDIT};
+use crate::raw::RawRecord;
 use crate::Rng;
 
-const CREDIT: &str = "fuzz.credit";
-const AUDIT: &str = "fuzz.audit";
-const MAX_ATTEMPTS: u32 = 3;
-
-/// The event the valid records carry. `mode` tells the handler how to behave.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Credit {
-    account: String,
-    amount: i64,
-    #[serde(default)]
-    mode: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    filler: String,
-}
-
-/// What the inbox must do with a record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Expected {
-    /// Its effect applied once.
-    Applied,
-    /// Absorbed: its event id was recorded before.
-    Duplicate,
-    /// Absorbed: its aggregate version is not newer.
-    Stale,
-    /// Parked with a reason.
-    Parked,
-    /// Held behind a parked record of its key.
-    Held,
-    /// Of a type the consumer ignores.
-    Ignored,
-}
-
-/// One generated record and what must become of it.
-#[derive(Debug, Clone)]
-struct Planned {
-    record: RawRecord,
-    offset: i64,
-    expected: Expected,
-    /// For reports: which kind of record the generator made.
-    kind: &'static str,
-}
-
-/// The result of one run.
-#[derive(Debug, Clone, Serialize)]
-pub struct Verdict {
-    /// The seed that reproduces the run (`OUTBOX_TEST_SEED` / `--seed`).
-    pub seed: u64,
-    /// Records produced.
-    pub records: usize,
-    /// Partitions of the topic.
-    pub partitions: i32,
-    /// Outcomes the inbox counted.
-    pub applied: u64,
-    /// Duplicates absorbed.
-    pub duplicates: u64,
-    /// Stale versions absorbed.
-    pub stale: u64,
-    /// Parked with a reason.
-    pub parked: u64,
-    /// Held behind a parked record.
-    pub held: u64,
-    /// Ignored types.
-    pub ignored: u64,
-    /// Retries (transient failures).
-    pub retries: u64,
-    /// Event ids whose effect ran more than once.
-    pub applied_twice: u64,
-    /// Records with no recorded outcome.
-    pub without_outcome: u64,
-    /// Records whose recorded outcome is not the one they must have.
-    pub wrong_outcome: u64,
-    /// Valid events (that must apply) not applied.
-    pub valid_not_applied: u64,
-    /// Offsets between the committed ones and the partitions' ends, summed.
-    pub offsets_behind: i64,
-    /// Records the broker deleted before they could be read (low watermarks above 0):
-    /// the run is void then; use more partitions.
-    pub broker_dropped: i64,
-    /// Whether `run()` returned `Ok` within its shutdown timeout after cancel.
-    pub run_returned: bool,
-    /// Expected outcomes by kind.
-    pub expected: BTreeMap<Expected, u64>,
-    /// Seconds from the first record to the last outcome.
-    pub seconds: f64,
-    /// The first few mismatches, for the reader.
-    pub mismatches: Vec<String>,
-}
-
-impl Verdict {
-    /// Whether every guarantee held.
-    pub fn ok(&self) -> bool {
-        self.applied_twice == 0
-            && self.without_outcome == 0
-            && self.wrong_outcome == 0
-            && self.valid_not_applied == 0
-            && self.offsets_behind == 0
-            && self.broker_dropped == 0
-            && self.run_returned
-    }
-}
-
-/// Per-event handler state: how many calls have failed so far.
-#[derive(Clone, Default)]
-struct Ledger {
-    failures: Arc<Mutex<HashMap<Uuid, u32>>>,
-}
-
-impl Ledger {
-    fn fail_once_more(&self, id: Uuid, up_to: u32) -> bool {
-        let mut failures = self.failures.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = failures.entry(id).or_default();
-        *n += 1;
-        *n <= up_to
-    }
-}
-
-impl EventHandler<Credit> for Ledger {
-    async fn handle(&self, tx: &mut PgConnection, credit: Credit, meta: &Meta) -> Result<(), HandlerError> {
-        match credit.mode.as_str() {
-            "transient" if self.fail_once_more(meta.event_id, MAX_ATTEMPTS - 1) => {
-                return Err(HandlerError::transient("the ledger is busy"))
-            }
-            "always-transient" => return Err(HandlerError::transient("the ledger is always busy")),
-            "permanent" => return Err(HandlerError::permanent("the ledger refuses this account")),
-            "panic" => panic!("the ledger cannot take account {}", credit.account),
-            "slow" => tokio::time::sleep(Duration::from_millis(20)).await,
-            _ => {}
-        }
-        // A NUL inside the account makes PostgreSQL refuse the insert (22021): parked.
-        sqlx::query("INSERT INTO fuzz_effects (event_id, account, kafka_partition, kafka_offset) VALUES ($1, $2, $3, $4)")
-            .bind(meta.event_id)
-            .bind(&credit.account)
-            .bind(meta.partition)
-            .bind(meta.offset)
-            .execute(&mut *tx)
-            .await?;
-        Ok(())
-    }
-}
-
 /// The generator, with the model of what the inbox does.
-struct Generator {
+pub(super) struct Generator {
     rng: Rng,
     partitions: i32,
     keys: Vec<String>,
     /// Per partition, the next offset.
-    next_offset: Vec<i64>,
+    pub(super) next_offset: Vec<i64>,
     /// Valid credits produced, for duplicates (record, event id).
     sent: Vec<(RawRecord, Uuid)>,
     /// The model: hold keys with an open parked record; event ids recorded in the inbox;
@@ -216,7 +60,7 @@ fn ce(
 }
 
 impl Generator {
-    fn new(rng: Rng, partitions: i32, records: usize) -> Generator {
+    pub(super) fn new(rng: Rng, partitions: i32, records: usize) -> Generator {
         let key_count = (records / 10).clamp(8, 2000);
         Generator {
             rng,
@@ -399,7 +243,13 @@ impl Generator {
                 let h: Vec<_> = ok(id).into_iter().filter(|(k, _)| *k != "ce_id").collect();
                 (text_headers(&h), Some(valid), "missing ce_id")
             }
-            4 => (text_headers(&ce("order-42", CREDIT, Some(key), None)), Some(valid), "ce_id not a UUID"),
+            4 => {
+                // Any non-empty id is an id (a UUIDv5 of source and id when not a UUID);
+                // a CloudEvent of another spec version is not read.
+                let mut h = ok(id);
+                h[0].1 = "0.3".to_owned();
+                (text_headers(&h), Some(valid), "ce_specversion 0.3")
+            }
             5 => {
                 let mut h = text_headers(&ok(id));
                 let mut name = vec![0xff];
@@ -497,7 +347,7 @@ impl Generator {
     }
 
     /// `n` records for `topic`, each placed on its key's partition.
-    fn plan(&mut self, topic: &str, n: usize) -> Vec<Planned> {
+    pub(super) fn plan(&mut self, topic: &str, n: usize) -> Vec<Planned> {
         (0..n)
             .map(|_| {
                 let (record, expected, kind) = self.next(topic);
@@ -515,178 +365,4 @@ enum Fate {
     Apply { id: Uuid, aggregate: Option<(String, i64)> },
     Park,
     Ignore,
-}
-
-/// Produces `records` generated from `seed` to a new topic of `partitions`, consumes them
-/// with an inbox on `pool`, and judges what it recorded.
-pub async fn run(pool: &PgPool, kafka: &Kafka, records: usize, seed: u64, partitions: i32) -> Verdict {
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS fuzz_effects (event_id uuid NOT NULL, account text NOT NULL, \
-         kafka_partition integer NOT NULL, kafka_offset bigint NOT NULL)",
-    )
-    .execute(pool)
-    .await
-    .expect("effects table");
-    let topic = format!("fuzz-{}", Uuid::new_v4().simple());
-    kafka.create_topic(&topic, partitions).await;
-    let mut generator = Generator::new(Rng::seeded(seed), partitions, records);
-    let planned = generator.plan(&topic, records);
-
-    let consumer = format!("fuzz-{}", Uuid::new_v4().simple());
-    let config = InboxConfig::new(&consumer, kafka.bootstrap(), [topic.clone()])
-        .queue_per_partition(16)
-        .buffer_per_partition(16 * 1024)
-        .max_attempts(MAX_ATTEMPTS)
-        .backoff(Duration::from_millis(5), Duration::from_millis(20))
-        .commit_interval(Duration::from_millis(100))
-        .shutdown_timeout(Duration::from_secs(10))
-        .dedup_retention(None);
-    let handlers = Handlers::new().on_type::<Credit, _>(CREDIT, 1, Ledger::default()).ignore(AUDIT);
-    let inbox = Inbox::new(pool.clone(), config, handlers).expect("inbox");
-    inbox.migrator().run(pool).await.expect("inbox migrations");
-    let stats = inbox.stats();
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(inbox.run(stop.clone()));
-
-    let started = Instant::now();
-    let producer = RawProducer::new(kafka.bootstrap());
-    for p in &planned {
-        producer.send(&topic, &p.record);
-    }
-    producer.flush();
-    let total = |s: &outbox_runtime::inbox::InboxStats| {
-        s.applied() + s.duplicates() + s.stale() + s.parked() + s.held() + s.ignored()
-    };
-    let budget = Duration::from_secs(60) + Duration::from_millis(20 * records as u64);
-    let mut last_progress = (Instant::now(), 0);
-    while total(&stats) < records as u64 && started.elapsed() < budget {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = total(&stats);
-        if now != last_progress.1 {
-            last_progress = (Instant::now(), now);
-        } else if last_progress.0.elapsed() > Duration::from_secs(30) {
-            break; // no progress for 30 s: judge what there is
-        }
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    // Let the last offsets be committed, then stop.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.cancel();
-    let run_returned = matches!(tokio::time::timeout(Duration::from_secs(20), task).await, Ok(Ok(Ok(()))));
-
-    // What the inbox recorded, per (partition, offset).
-    let effects: Vec<(Uuid, i32, i64)> =
-        sqlx::query_as("SELECT event_id, kafka_partition, kafka_offset FROM fuzz_effects")
-            .fetch_all(pool)
-            .await
-            .expect("effects");
-    let stale: Vec<(i32, i64)> = sqlx::query_as(
-        "SELECT kafka_partition, kafka_offset FROM inbox WHERE consumer = $1 AND topic = $2 AND outcome = 'stale'",
-    )
-    .bind(&consumer)
-    .bind(&topic)
-    .fetch_all(pool)
-    .await
-    .expect("stale");
-    let parked: Vec<(i32, i64, String)> = sqlx::query_as(
-        "SELECT kafka_partition, kafka_offset, status FROM inbox_parked WHERE consumer = $1 AND topic = $2",
-    )
-    .bind(&consumer)
-    .bind(&topic)
-    .fetch_all(pool)
-    .await
-    .expect("parked");
-    let mut per_event: HashMap<Uuid, u64> = HashMap::new();
-    let mut traced: HashMap<(i32, i64), Vec<Expected>> = HashMap::new();
-    for (id, p, o) in &effects {
-        *per_event.entry(*id).or_default() += 1;
-        traced.entry((*p, *o)).or_default().push(Expected::Applied);
-    }
-    for (p, o) in &stale {
-        traced.entry((*p, *o)).or_default().push(Expected::Stale);
-    }
-    for (p, o, status) in &parked {
-        let outcome = if status == "held" { Expected::Held } else { Expected::Parked };
-        traced.entry((*p, *o)).or_default().push(outcome);
-    }
-    let mut verdict = Verdict {
-        seed,
-        records,
-        partitions,
-        applied: stats.applied(),
-        duplicates: stats.duplicates(),
-        stale: stats.stale(),
-        parked: stats.parked(),
-        held: stats.held(),
-        ignored: stats.ignored(),
-        retries: stats.retries(),
-        applied_twice: per_event.values().filter(|n| **n > 1).count() as u64,
-        without_outcome: (records as u64).saturating_sub(total(&stats)),
-        wrong_outcome: 0,
-        valid_not_applied: 0,
-        offsets_behind: 0,
-        broker_dropped: 0,
-        run_returned,
-        expected: BTreeMap::new(),
-        seconds,
-        mismatches: Vec::new(),
-    };
-    for p in &planned {
-        *verdict.expected.entry(p.expected).or_default() += 1;
-        let seen = traced.get(&(p.record.partition, p.offset)).cloned().unwrap_or_default();
-        let fine = match p.expected {
-            // No trace in the database: counted below.
-            Expected::Duplicate | Expected::Ignored => seen.is_empty(),
-            outcome => seen == [outcome],
-        };
-        if !fine {
-            if seen.is_empty() {
-                verdict.without_outcome += 1;
-            } else {
-                verdict.wrong_outcome += 1;
-            }
-            if p.expected == Expected::Applied && !seen.contains(&Expected::Applied) {
-                verdict.valid_not_applied += 1;
-            }
-            if verdict.mismatches.len() < 10 {
-                verdict.mismatches.push(format!(
-                    "{} record at {}@{} must be {:?}, recorded {seen:?}",
-                    p.kind, p.record.partition, p.offset, p.expected
-                ));
-            }
-        }
-    }
-    // The counters must agree with the model for the outcomes that leave no trace.
-    let count = |e: Expected| verdict.expected.get(&e).copied().unwrap_or(0);
-    for (name, counted, must) in [
-        ("duplicate", verdict.duplicates, count(Expected::Duplicate)),
-        ("ignored", verdict.ignored, count(Expected::Ignored)),
-        ("applied", verdict.applied, count(Expected::Applied)),
-        ("parked", verdict.parked, count(Expected::Parked)),
-        ("held", verdict.held, count(Expected::Held)),
-        ("stale", verdict.stale, count(Expected::Stale)),
-    ] {
-        if counted != must {
-            verdict.wrong_outcome += counted.abs_diff(must);
-            verdict.mismatches.push(format!("{name}: counted {counted}, must be {must}"));
-        }
-    }
-    let ends: Vec<i64> = generator.next_offset.clone();
-    let watermarks = kafka.watermarks(&topic, partitions);
-    verdict.broker_dropped = watermarks.iter().map(|(low, _)| *low).sum();
-    let highs: Vec<i64> = watermarks.iter().map(|(_, high)| *high).collect();
-    if verdict.broker_dropped != 0 || highs != ends {
-        verdict.mismatches.push(format!(
-            "the topic holds {watermarks:?} (low, high) per partition, {ends:?} were produced: the broker dropped \
-             records; the run is void (use more partitions)"
-        ));
-        verdict.broker_dropped = verdict.broker_dropped.max(1);
-    }
-    let committed = kafka.committed(&consumer, &topic, partitions);
-    verdict.offsets_behind =
-        ends.iter().zip(&committed).map(|(end, c)| if *end == 0 { 0 } else { end - (*c).max(0) }).sum();
-    if verdict.offsets_behind != 0 {
-        verdict.mismatches.push(format!("committed offsets {committed:?}, partition ends {ends:?}"));
-    }
-    verdict
 }

@@ -1,236 +1,29 @@
-//! The receive loop: reads records, hands each partition's to its worker, pauses a
-//! partition whose worker is behind (the others go on), commits finished offsets, follows
-//! rebalances, and stops on cancel within the shutdown timeout or at once on a fatal error.
-//!
-//! State shared by the loop, the workers and the rebalance callbacks sits in [`Shared`]
-//! behind one mutex, never held across an await:
-//! - each owned partition has a worker with a bounded queue and a buffer behind it; the
-//!   loop never waits on a queue, so a slow partition never holds up the others. When the
-//!   buffer holds `buffer_per_partition` bytes the partition is paused at the broker, so
-//!   memory stays bounded; a worker that takes a record wakes the loop, which refills the
-//!   queue from the buffer and resumes the partition once half is left (invariant 11);
-//! - a worker reports the next offset to commit after each outcome; the loop commits those
-//!   of partitions it owns, and a revoke commits the revoked partitions' finished offsets
-//!   synchronously before the revoke completes, stops their workers and drops their queued
-//!   records (they are the next owner's now) (invariant 7);
-//! - a worker that cannot record an outcome, or panics, fails the whole consumer: `run()`
-//!   ends with [`Error::Inbox`] instead of living on without it.
+//! The receive loop itself: the consumer, dispatch to the partitions' workers, refilling
+//! paused partitions, and shutdown within its timeout.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
-use rdkafka::client::ClientContext;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
-use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::statistics::Statistics;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{ClientConfig, TopicPartitionList};
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
-use super::cleanup::cleanup_loop;
-use super::retention::{self, RetentionVerdict};
-use super::worker::{panic_text, Worker, WARN_EVERY};
-use super::Inbox;
+use super::{commit, InboxContext, Live, Partition, Shared};
 use crate::error::{Error, Result};
-
-type Place = (String, i32);
-
-/// One owned partition.
-struct Partition {
-    generation: u64,
-    queue: Option<mpsc::Sender<OwnedMessage>>,
-    overflow: VecDeque<OwnedMessage>,
-    /// Bytes of the records in `overflow`.
-    overflow_bytes: usize,
-    paused: Arc<AtomicBool>,
-    stop: CancellationToken,
-    /// The next offset to commit (after the last record with an outcome, all earlier ones
-    /// having theirs), and the last one committed.
-    finished: Option<i64>,
-    committed: Option<i64>,
-}
-
-#[derive(Default)]
-struct State {
-    partitions: HashMap<Place, Partition>,
-    assigned: HashSet<Place>,
-    generation: u64,
-    fatal: Option<String>,
-}
-
-/// What the loop, the workers and the rebalance callbacks share.
-pub(crate) struct Shared {
-    consumer: String,
-    state: Mutex<State>,
-    /// A worker took a record from a paused partition's queue.
-    room: Notify,
-    /// Set with the first fatal error.
-    failed: CancellationToken,
-    /// The receive loop runs: a revoke commits finished offsets only then (a `run()`
-    /// future dropped without cancelling commits nothing more, like a crash; a graceful
-    /// stop commits them itself).
-    live: AtomicBool,
-}
-
-/// Marks the loop as ended when dropped, however it ends.
-struct Live<'a>(&'a Shared);
-
-impl Drop for Live<'_> {
-    fn drop(&mut self) {
-        self.0.live.store(false, Ordering::SeqCst);
-    }
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave the maps half-updated in a way that
-        // matters more than stopping: keep going with what is there.
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// A worker took a record off `place`'s queue: records waiting in its overflow can move.
-    pub(crate) fn made_room(&self, place: &Place) {
-        let waiting = self.lock().partitions.get(place).is_some_and(|p| !p.overflow.is_empty());
-        if waiting {
-            self.room.notify_one();
-        }
-    }
-
-    /// The record before `next` of `place` has its outcome (ignored if the partition was
-    /// revoked since the worker of `generation` started).
-    pub(crate) fn finish(&self, place: &Place, generation: u64, next: i64) {
-        if let Some(p) = self.lock().partitions.get_mut(place).filter(|p| p.generation == generation) {
-            p.finished = Some(next);
-        }
-    }
-
-    /// Ends the consumer with `reason`.
-    pub(crate) fn fail(&self, reason: String) {
-        warn!(consumer = %self.consumer, stage = "consume", %reason, "fatal: stopping the consumer");
-        self.lock().fatal.get_or_insert(reason);
-        self.failed.cancel();
-    }
-
-    fn fatal(&self) -> String {
-        self.lock().fatal.clone().unwrap_or_else(|| "a partition worker failed".to_owned())
-    }
-
-    /// Offsets to commit: finished and not yet committed, of partitions still owned. They
-    /// are marked committed (a failed commit resets them, see `commit_callback`).
-    fn to_commit(&self, all: bool) -> TopicPartitionList {
-        let mut state = self.lock();
-        let State { partitions, assigned, .. } = &mut *state;
-        let mut list = TopicPartitionList::new();
-        for (place, p) in partitions.iter_mut() {
-            let Some(next) = p.finished else { continue };
-            if assigned.contains(place) && (all || p.committed != Some(next)) {
-                let _ = list.add_partition_offset(&place.0, place.1, Offset::Offset(next));
-                p.committed = Some(next);
-            }
-        }
-        list
-    }
-
-    fn paused_count(&self) -> usize {
-        self.lock().partitions.values().filter(|p| p.paused.load(Ordering::Relaxed)).count()
-    }
-}
-
-/// The Kafka client context: rebalances, commit results, and the consumer lag from
-/// librdkafka's statistics.
-pub(crate) struct InboxContext {
-    shared: Arc<Shared>,
-}
-
-impl ClientContext for InboxContext {
-    fn stats(&self, statistics: Statistics) {
-        for (topic, t) in statistics.topics {
-            for (partition, p) in t.partitions {
-                // -1 is librdkafka's internal partition; a negative lag means unknown.
-                if partition >= 0 && p.consumer_lag >= 0 {
-                    #[allow(clippy::cast_precision_loss)]
-                    metrics::gauge!(crate::metrics::INBOX_LAG, "consumer" => self.shared.consumer.clone(),
-                                    "topic" => topic.clone(), "partition" => partition.to_string())
-                    .set(p.consumer_lag as f64);
-                }
-            }
-        }
-    }
-}
-
-fn places(list: &TopicPartitionList) -> Vec<Place> {
-    list.elements().iter().map(|e| (e.topic().to_owned(), e.partition())).collect()
-}
-
-impl ConsumerContext for InboxContext {
-    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        match rebalance {
-            Rebalance::Revoke(list) => {
-                let revoked = places(list);
-                let mut commit = TopicPartitionList::new();
-                {
-                    let mut state = self.shared.lock();
-                    for place in &revoked {
-                        state.assigned.remove(place);
-                        if let Some(p) = state.partitions.remove(place) {
-                            // Stops the worker before its next record; queued ones are dropped.
-                            p.stop.cancel();
-                            if let Some(next) = p.finished.filter(|n| p.committed != Some(*n)) {
-                                let _ = commit.add_partition_offset(&place.0, place.1, Offset::Offset(next));
-                            }
-                        }
-                    }
-                }
-                let committed = if self.shared.live.load(Ordering::SeqCst) { commit.count() } else { 0 };
-                if committed > 0 {
-                    // A broker may refuse it while the group rebalances (librdkafka's mock
-                    // cluster does, Kafka accepts it): the records come back and are absorbed.
-                    if let Err(error) = consumer.commit(&commit, CommitMode::Sync) {
-                        warn!(consumer = %self.shared.consumer, stage = "rebalance", %error,
-                              "commit of revoked partitions failed; their last records may be redelivered and absorbed");
-                    }
-                }
-                info!(consumer = %self.shared.consumer, stage = "rebalance", revoked = revoked.len(), committed,
-                      "partitions revoked: their workers stopped, finished offsets committed");
-            }
-            Rebalance::Assign(_) => {}
-            Rebalance::Error(error) => {
-                warn!(consumer = %self.shared.consumer, stage = "rebalance", %error, "rebalance error");
-            }
-        }
-    }
-
-    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Assign(list) = rebalance {
-            let assigned = places(list);
-            self.shared.lock().assigned.extend(assigned.iter().cloned());
-            // A partition paused by an earlier owner of this process starts unpaused.
-            let _ = consumer.resume(list);
-            info!(consumer = %self.shared.consumer, stage = "rebalance", assigned = assigned.len(), "partitions assigned");
-        }
-    }
-
-    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        if let Err(error) = result {
-            let mut state = self.shared.lock();
-            for place in places(offsets) {
-                if let Some(p) = state.partitions.get_mut(&place) {
-                    p.committed = None; // committed again at the next tick
-                }
-            }
-            warn!(consumer = %self.shared.consumer, stage = "commit", %error,
-                  "offset commit failed; it is tried again, and meanwhile records may be redelivered and absorbed");
-        }
-    }
-}
+use crate::inbox::cleanup::cleanup_loop;
+use crate::inbox::retention::{self, RetentionVerdict};
+use crate::inbox::worker::{panic_text, Worker, WARN_EVERY};
+use crate::inbox::Inbox;
 
 impl Inbox {
     fn kafka_consumer(&self, shared: Arc<Shared>) -> Result<StreamConsumer<InboxContext>> {
@@ -254,7 +47,7 @@ impl Inbox {
     }
 
     /// See [`Inbox::run`].
-    pub(super) async fn consume(self, shutdown: CancellationToken) -> Result<()> {
+    pub(crate) async fn consume(self, shutdown: CancellationToken) -> Result<()> {
         let shared = Arc::new(Shared {
             consumer: self.config.consumer.clone(),
             state: Mutex::default(),
@@ -507,20 +300,4 @@ fn size_of(message: &OwnedMessage) -> usize {
     use rdkafka::message::Headers;
     let headers = message.headers().map_or(0, |h| h.count() * 64);
     message.key().map_or(0, <[u8]>::len) + message.payload().map_or(0, <[u8]>::len) + headers + 256
-}
-
-/// Commits finished offsets that moved (`all`: every finished offset).
-fn commit(consumer: &StreamConsumer<InboxContext>, shared: &Shared, mode: CommitMode, all: bool) {
-    let list = shared.to_commit(all);
-    if list.count() == 0 {
-        return;
-    }
-    if let Err(error) = consumer.commit(&list, mode) {
-        for place in places(&list) {
-            if let Some(p) = shared.lock().partitions.get_mut(&place) {
-                p.committed = None;
-            }
-        }
-        warn!(consumer = %shared.consumer, stage = "commit", %error, "offset commit failed; tried again at the next tick");
-    }
 }

@@ -1,0 +1,76 @@
+//! What the `outbox` command line's tests (`cli.rs`, `cli_history.rs`) share: the event
+//! they append, the binary run against the test's database, and the rows they start from.
+
+use std::process::{Command, Output};
+
+use outbox_runtime::{AppendOptions, NewEvent, Outbox, OutboxEvent};
+use schemars::JsonSchema;
+use serde::Serialize;
+use sqlx::PgPool;
+
+/// The event the tests append.
+#[derive(Serialize, JsonSchema, OutboxEvent)]
+#[outbox(event_type = "test.cli", schema_version = 1, aggregate = "test", topic = "test")]
+pub(crate) struct Ping {
+    #[outbox(aggregate_id)]
+    id: String,
+    /// A marker that must never appear in operator output.
+    secret: String,
+}
+
+/// The URL of the test's database.
+pub(crate) fn database_url(pool: &PgPool) -> String {
+    let base =
+        std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let db = pool.connect_options().get_database().unwrap_or("test").to_owned();
+    format!("{}/{db}", base.rsplit_once('/').map_or(base.as_str(), |(server, _)| server))
+}
+
+/// Runs `outbox --database-url <the test's database> args...`.
+pub(crate) fn outbox_cli(pool: &PgPool, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .arg("--database-url")
+        .arg(database_url(pool))
+        .args(args)
+        .output()
+        .expect("run")
+}
+
+/// What a command wrote to stdout.
+pub(crate) fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Appends one `Ping` per id (with a payload marker) to the default outbox, migrated first.
+pub(crate) async fn append_pings(pool: &PgPool, ids: &[String]) -> Vec<uuid::Uuid> {
+    let outbox = Outbox::default_ref();
+    outbox.migrator().run(pool).await.expect("migrate");
+    let events: Vec<NewEvent> = ids
+        .iter()
+        .map(|id| {
+            NewEvent::new(&Ping { id: id.clone(), secret: "PAYLOAD-MARKER".into() }, AppendOptions::default())
+                .expect("event")
+        })
+        .collect();
+    let mut tx = pool.begin().await.expect("begin");
+    outbox.append_batch(&mut tx, &events).await.expect("append");
+    tx.commit().await.expect("commit");
+    events.iter().map(NewEvent::event_id).collect()
+}
+
+/// The four events the tests start from (aggregates a, a, b, c); returns their event ids.
+pub(crate) async fn seed(pool: &PgPool) -> Vec<uuid::Uuid> {
+    let ids = append_pings(pool, &["a", "a", "b", "c"].map(String::from)).await;
+    // a's first event failed permanently, holding a's second back; c is published; all 10 s old.
+    sqlx::query(
+        "UPDATE outbox SET created_at = now() - interval '10 seconds', \
+           status = CASE id WHEN 1 THEN 'failed' WHEN 4 THEN 'published' ELSE 'pending' END, \
+           attempts = CASE id WHEN 1 THEN 1 ELSE 0 END, \
+           last_error = CASE id WHEN 1 THEN 'Broker: Message size too large' END, \
+           published_at = CASE id WHEN 4 THEN now() END",
+    )
+    .execute(pool)
+    .await
+    .expect("states");
+    ids
+}

@@ -1,0 +1,157 @@
+"""The outbox from another language, with the clients other teams use: confluent-kafka and
+the CloudEvents Python SDK (cloudevents 2.x) and jsonschema. Run by
+tests/tests/interop_python.rs (`cargo test -p outbox-tests --test interop_python --
+--ignored`, which `.ci/run` does against its Tansu broker), in a throwaway venv:
+
+    python3 -m venv /tmp/venv
+    /tmp/venv/bin/pip install -r tests/interop/requirements.txt
+    OUTBOX_INTEROP_PYTHON=/tmp/venv/bin/python cargo test -p outbox-tests --test interop_python -- --ignored
+
+Commands (each prints one JSON object on stdout; exit 1 on a failed check, 2 on bad input):
+
+  consume BOOTSTRAP TOPIC SCHEMAS_DIR EVENT_ID...
+      Reads the relay's records of those event ids from TOPIC, parses each with the SDK
+      (binary mode), and checks that `dataschema` names a committed schema (the `$id` of a
+      file under SCHEMAS_DIR) whose version is `schemaversion`, and that the data validates
+      against that schema.
+
+  produce BOOTSTRAP TOPIC COUNT
+      Writes COUNT credits (`test.credit` v1) in binary mode and COUNT in structured mode,
+      with ids that are not UUIDs, keyed by account, and prints what it wrote.
+"""
+
+import json
+import pathlib
+import sys
+import time
+import uuid
+
+import jsonschema
+from cloudevents.core.bindings import kafka
+from cloudevents.core.formats.json import JSONFormat
+from cloudevents.core.v1.event import CloudEvent
+from confluent_kafka import Consumer, Producer
+
+FORMAT = JSONFormat()
+
+
+def fail(message, **details):
+    print(json.dumps({"ok": False, "error": message, **details}))
+    sys.exit(1)
+
+
+def committed_schemas(directory):
+    by_id = {}
+    for path in pathlib.Path(directory).glob("*/v*.json"):
+        document = json.loads(path.read_text())
+        if "$id" not in document:
+            fail(f"{path} has no $id")
+        by_id[document["$id"]] = (path, document)
+    if not by_id:
+        print(json.dumps({"ok": False, "error": f"no committed schemas under {directory}"}))
+        sys.exit(2)
+    return by_id
+
+
+def consume(bootstrap, topic, schemas_dir, wanted):
+    schemas = committed_schemas(schemas_dir)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"interop-{uuid.uuid4()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    wanted = set(wanted)
+    seen = {}
+    deadline = time.monotonic() + 120
+    while wanted - seen.keys() and time.monotonic() < deadline:
+        message = consumer.poll(1.0)
+        if message is None or message.error():
+            continue
+        headers = {k: v for k, v in (message.headers() or [])}
+        event_id = (headers.get("ce_id") or b"").decode()
+        if event_id not in wanted:
+            continue
+        event = kafka.from_binary(
+            kafka.KafkaMessage(headers=headers, key=message.key(), value=message.value()),
+            FORMAT,
+        )
+        dataschema = event.get_dataschema()
+        if dataschema not in schemas:
+            fail("dataschema names no committed schema", event_id=event_id, dataschema=dataschema)
+        path, document = schemas[dataschema]
+        version = event.get_extension("schemaversion")
+        if path.stem != f"v{version}":
+            fail("dataschema and schemaversion disagree", dataschema=dataschema, schemaversion=version)
+        if event.get_type() != document["x-outbox"]["event_type"]:
+            fail("the schema is another event type's", type=event.get_type(), schema=str(path))
+        try:
+            jsonschema.Draft202012Validator(document).validate(event.get_data())
+        except jsonschema.ValidationError as error:
+            fail("data does not validate against the committed schema", event_id=event_id, error=error.message)
+        seen[event_id] = {
+            "type": event.get_type(),
+            "source": event.get_source(),
+            "dataschema": dataschema,
+            "schema": str(path.relative_to(schemas_dir)),
+            "partition": message.partition(),
+        }
+    consumer.close()
+    missing = sorted(wanted - seen.keys())
+    if missing:
+        fail("records not found", missing=missing)
+    print(json.dumps({"ok": True, "checked": len(seen), "records": seen}))
+
+
+def produce(bootstrap, topic, count):
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "partitioner": "murmur2_random"})
+    written = []
+
+    def credit(n, mode):
+        account = f"acc-py-{n % 3}"
+        attributes = {
+            "specversion": "1.0",
+            "id": f"python-{mode}-{n}",
+            "source": "/interop-python",
+            "type": "test.credit",
+            "datacontenttype": "application/json",
+            "subject": account,
+            "partitionkey": account,
+            # A plain CloudEvent: the version only in the standard attribute.
+            "dataschema": "urn:outbox:schemas/test.credit/v1.json",
+        }
+        event = CloudEvent(attributes=attributes, data={"account": account, "amount": 100 + n})
+        message = kafka.to_binary(event, FORMAT) if mode == "binary" else kafka.to_structured(event, FORMAT)
+        producer.produce(topic, key=message.key, value=message.value, headers=list(message.headers.items()))
+        written.append({"id": attributes["id"], "source": attributes["source"], "mode": mode, "amount": 100 + n})
+
+    for n in range(count):
+        credit(n, "binary")
+        credit(n, "structured")
+    remaining = producer.flush(30)
+    if remaining:
+        fail(f"{remaining} records not delivered")
+    print(json.dumps({"ok": True, "written": written}))
+
+
+def main(argv):
+    try:
+        command, bootstrap, topic, *rest = argv
+        if command == "consume":
+            schemas_dir, *ids = rest
+            consume(bootstrap, topic, schemas_dir, ids)
+        elif command == "produce":
+            (count,) = rest
+            produce(bootstrap, topic, int(count))
+        else:
+            raise ValueError(command)
+    except ValueError as error:
+        print(json.dumps({"ok": False, "error": f"bad arguments: {error}", "usage": __doc__}))
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
