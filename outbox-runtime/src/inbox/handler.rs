@@ -183,7 +183,7 @@ impl Meta {
     /// The CloudEvents `id` and `source` when the event id was derived from them (an id
     /// that is not a UUID), for the inbox row.
     pub(crate) fn foreign(&self) -> Option<(&str, &str)> {
-        (Uuid::parse_str(&self.id).ok() != Some(self.event_id))
+        (self.event_id.hyphenated().to_string() != self.id)
             .then_some((self.id.as_str(), self.source.as_str()))
     }
 }

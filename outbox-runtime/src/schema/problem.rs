@@ -75,13 +75,13 @@ pub enum Problem {
     /// No event is registered at all: the crate that defines the events is not linked
     /// into the binary that checks them, so there would be nothing to check.
     NoEvents,
-    /// The registered events are not the ones [`CheckOptions`] pins.
+    /// The registered events are not the ones [`CheckOptions`](super::CheckOptions) pins.
     Unexpected {
-        /// How many event types [`CheckOptions::expect_events`] asks for, if it does.
+        /// How many event types [`CheckOptions::expect_events`](super::CheckOptions::expect_events) asks for, if it does.
         expected_count: Option<usize>,
         /// How many event types are registered.
         registered: usize,
-        /// Event types [`CheckOptions::expect_types`] names that no registered type has.
+        /// Event types [`CheckOptions::expect_types`](super::CheckOptions::expect_types) names that no registered type has.
         missing: Vec<String>,
     },
 }
@@ -151,7 +151,7 @@ impl fmt::Display for Problem {
     }
 }
 
-/// The outcome of [`check`].
+/// The outcome of [`check`](super::check).
 #[derive(Debug, Default)]
 #[non_exhaustive]
 pub struct CheckReport {

@@ -258,22 +258,15 @@ pub(crate) enum InboxCommand {
     },
 }
 
-/// A duration such as `90s`, `15m`, `12h`, `7d` or `250ms`; a bare number is seconds.
+/// A duration in humantime's grammar (`90s`, `15m`, `12h`, `7d`, `250ms`, `1h 30m`); a
+/// bare whole number is seconds.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: f64 =
-        number.parse().map_err(|_| format!("{text:?} is not a duration such as 30s, 15m, 12h or 7d"))?;
-    let seconds = match unit {
-        "ms" => number / 1000.0,
-        "" | "s" => number,
-        "m" => number * 60.0,
-        "h" => number * 3600.0,
-        "d" => number * 86_400.0,
-        _ => return Err(format!("{text:?}: unknown unit {unit:?}; use ms, s, m, h or d")),
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+    if let Ok(seconds) = text.parse::<u64>() {
+        return Ok(Duration::from_secs(seconds));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration such as 30s, 15m, 12h or 7d ({e})"))
 }
 
 /// A duration on the command line, shown in its largest whole unit (`7d`, `5m`, `250ms`),
@@ -309,9 +302,19 @@ mod tests {
         assert_eq!(super::parse_duration("15m"), Ok(Duration::from_secs(900)));
         assert_eq!(super::parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
         assert_eq!(super::parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert!(super::parse_duration("7 weeks").unwrap_err().contains("unknown unit"));
+        assert_eq!(super::parse_duration("1h 30m"), Ok(Duration::from_secs(5400)));
+        let unknown = super::parse_duration("7 fortnights").unwrap_err();
+        assert!(
+            unknown.contains("\"7 fortnights\" is not a duration") && unknown.contains("unit"),
+            "{unknown}"
+        );
         assert!(super::parse_duration("soon").unwrap_err().contains("not a duration"));
         assert!(super::parse_duration("-5m").is_err());
+        assert!(super::parse_duration("").is_err());
+        assert!(
+            super::parse_duration("99999999999999999999d").is_err(),
+            "an overflow is an error, not a panic"
+        );
     }
 
     /// The relay command's defaults are the library's, and read back as what they are.

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use serde_json::value::RawValue;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -13,6 +14,35 @@ use crate::inbox::handler::Meta;
 /// The CloudEvents media type of the structured mode, and the JSON event format.
 const STRUCTURED: &str = "application/cloudevents";
 const STRUCTURED_JSON: &str = "application/cloudevents+json";
+
+/// The attributes CloudEvents types as strings (String, URI-reference, URI, Timestamp):
+/// in the JSON format they must be JSON strings. Extensions may be numbers or booleans.
+const STRING_ATTRIBUTES: &[&str] =
+    &["id", "source", "specversion", "type", "datacontenttype", "dataschema", "subject", "time"];
+
+/// The members of a JSON object in the order written, each as its raw JSON text; a
+/// repeated name is kept twice (serde_json's maps keep the last), for the caller to refuse.
+struct Members(Vec<(String, Box<RawValue>)>);
+
+impl<'de> serde::Deserialize<'de> for Members {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Members;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Members, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry::<String, Box<RawValue>>()? {
+                    members.push(member);
+                }
+                Ok(Members(members))
+            }
+        }
+        deserializer.deserialize_map(Visitor)
+    }
+}
 
 /// A record's CloudEvents attributes by name (without the binary mode's `ce_` prefix), how
 /// to name one in a reason, and the event's data.
@@ -68,15 +98,28 @@ impl Attributes {
                  ({STRUCTURED_JSON}) is read"
             ));
         }
-        let event: serde_json::Map<String, Value> = serde_json::from_slice(value)
+        let Members(members) = serde_json::from_slice(value)
             .map_err(|e| format!("structured CloudEvent is not a JSON object: {e}"))?;
         let mut values = BTreeMap::new();
-        let mut data = None;
+        let mut data: Option<Box<RawValue>> = None;
         let mut data_base64 = None;
-        for (name, member) in event {
+        let mut seen = std::collections::BTreeSet::new();
+        for (name, raw) in members {
+            if !seen.insert(name.clone()) {
+                // Which one a reader takes differs between JSON parsers: neither is sure.
+                return Err(format!("attribute {} appears more than once", name.escape_debug()));
+            }
+            if raw.get() == "null" {
+                continue;
+            }
+            if name == "data" {
+                // As sent, byte for byte (numbers beyond f64, key order): as binary mode.
+                data = Some(raw);
+                continue;
+            }
+            let member: Value =
+                serde_json::from_str(raw.get()).map_err(|e| format!("attribute {name}: {e}"))?;
             match (name.as_str(), member) {
-                (_, Value::Null) => {}
-                ("data", member) => data = Some(member),
                 ("data_base64", Value::String(encoded)) => data_base64 = Some(encoded),
                 ("data_base64", _) => return Err("attribute data_base64 is not a string".to_owned()),
                 (_, Value::String(s)) => {
@@ -84,6 +127,9 @@ impl Attributes {
                         return Err(format!("attribute {name} contains a NUL byte"));
                     }
                     values.insert(name, s);
+                }
+                (n, _) if STRING_ATTRIBUTES.contains(&n) => {
+                    return Err(format!("attribute {name} is not a string"));
                 }
                 (_, member @ (Value::Number(_) | Value::Bool(_))) => {
                     values.insert(name, member.to_string());
@@ -96,7 +142,7 @@ impl Attributes {
                 return Err("structured CloudEvent has both data and data_base64".to_owned());
             }
             (None, None) => return Err("structured CloudEvent has no data".to_owned()),
-            (Some(json), None) => serde_json::to_vec(&json).map_err(|e| format!("attribute data: {e}"))?,
+            (Some(json), None) => json.get().as_bytes().to_vec(),
             (None, Some(encoded)) => {
                 use base64::Engine as _;
                 base64::engine::general_purpose::STANDARD
@@ -113,18 +159,25 @@ impl Attributes {
 /// same event id from the same event.
 pub const FOREIGN_ID_NAMESPACE: Uuid = Uuid::from_u128(0x6f75_7462_6f78_4000_8000_0063_6569_6473);
 
-/// The event id of a CloudEvent: its `id` when that is a UUID, else a UUIDv5 of its
+/// The event id of a CloudEvent: its `id` when that is a UUID written as the relay writes
+/// one (canonical: lower-case, hyphenated; not the nil or max UUID), else a UUIDv5 of its
 /// `source` and `id` in [`FOREIGN_ID_NAMESPACE`]. CloudEvents makes `source` + `id` unique
 /// per event, so two producers' `id` "42" stay two events, and a redelivery of one is a
-/// duplicate.
+/// duplicate. A canonical UUID is taken as unique by itself, whatever the source (so an
+/// outbox event keeps its id across relays with different sources); any other spelling of
+/// a UUID (`{...}`, `urn:uuid:`, upper case, 32 bare hex digits) is a different string to
+/// CloudEvents and is mapped like any other id.
 pub fn event_id_of(source: &str, id: &str) -> Uuid {
-    Uuid::parse_str(id).unwrap_or_else(|_| {
-        let mut name = Vec::with_capacity(source.len() + 1 + id.len());
-        name.extend_from_slice(source.as_bytes());
-        name.push(0);
-        name.extend_from_slice(id.as_bytes());
-        Uuid::new_v5(&FOREIGN_ID_NAMESPACE, &name)
-    })
+    match Uuid::try_parse(id) {
+        Ok(uuid) if !uuid.is_nil() && !uuid.is_max() && uuid.hyphenated().to_string() == id => uuid,
+        _ => {
+            let mut name = Vec::with_capacity(source.len() + 1 + id.len());
+            name.extend_from_slice(source.as_bytes());
+            name.push(0);
+            name.extend_from_slice(id.as_bytes());
+            Uuid::new_v5(&FOREIGN_ID_NAMESPACE, &name)
+        }
+    }
 }
 
 /// The schema version a `dataschema` URI names in its last segment, `v<N>` or
@@ -154,7 +207,11 @@ pub(super) fn read_meta(parts: &Parts<'_>) -> Result<(Meta, Option<Vec<u8>>), St
     if let Some(problem) = parts.problems.first() {
         return Err(problem.clone());
     }
-    let content_type = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("content-type")).map(|(_, v)| v);
+    let mut content_types = headers.iter().filter(|(k, _)| k.eq_ignore_ascii_case("content-type"));
+    let content_type = content_types.next().map(|(_, v)| v);
+    if content_types.next().is_some() {
+        return Err("header content-type appears more than once (in different cases)".to_owned());
+    }
     let structured = content_type.is_some_and(|ct| {
         ct.trim_start().get(..STRUCTURED.len()).is_some_and(|p| p.eq_ignore_ascii_case(STRUCTURED))
     });
@@ -233,7 +290,7 @@ pub(super) fn read_meta(parts: &Parts<'_>) -> Result<(Meta, Option<Vec<u8>>), St
     // The aggregate: the subject, or else the record key when it is text. A binary key is
     // never used as a text identifier.
     let subject_name = attributes.named("subject");
-    let (aggregate_id, from) = match attributes.get("subject") {
+    let (aggregate_id, from) = match attributes.get("subject").filter(|s| !s.is_empty()) {
         Some(subject) => (Some(subject.to_owned()), subject_name.as_str()),
         None => (parts.key.and_then(storable_text).map(str::to_owned), "record key"),
     };

@@ -245,6 +245,7 @@ fn structured_events_are_read_from_the_value() {
     ];
     for (content_type, value, reason) in cases {
         match structured(content_type, value) {
+            Err(err) if reason.is_empty() => panic!("{value}: expected to be read, parked: {err}"),
             Err(err) => assert!(err.starts_with(reason), "{err:?} should start with {reason:?}"),
             Ok(_) if reason.is_empty() => {} // a JSON string is JSON data
             Ok(m) => panic!("{value}: expected {reason:?}, read {m:?}"),
@@ -290,4 +291,105 @@ fn raw_headers_survive_the_parked_row() {
     let back = Incoming::from_parked(("t", 0, 0), None, b"{}".to_vec(), false, BTreeMap::new(), Some(json));
     assert_eq!(back.raw_headers, headers);
     assert_eq!(unhex("0g"), None);
+}
+
+/// A UUID is the event id only as the relay writes one (canonical); any other spelling,
+/// and the nil and max UUIDs, are ids like any other: mapped with their source and kept,
+/// so that two sources' events never fold into one. Before, `Uuid::parse_str` took them
+/// all as the event id, whatever the source: the second source's event was dropped as a
+/// duplicate.
+#[test]
+fn only_a_canonical_uuid_is_the_event_id_and_other_spellings_keep_their_source() {
+    let with = |id: &str, source: &str| {
+        let h: Vec<(&str, &str)> =
+            [ok_without(&["ce_id", "ce_source"]).as_slice(), &[("ce_id", id), ("ce_source", source)]]
+                .concat();
+        meta(&h, b"{}").expect("applies")
+    };
+    let upper = ID.to_uppercase();
+    let braced = format!("{{{ID}}}");
+    let urn = format!("urn:uuid:{ID}");
+    let simple = ID.replace('-', "");
+    let nil = "00000000-0000-0000-0000-000000000000";
+    let max = "ffffffff-ffff-ffff-ffff-ffffffffffff";
+    for id in [upper.as_str(), braced.as_str(), urn.as_str(), simple.as_str(), nil, max] {
+        let a = with(id, "/a");
+        let b = with(id, "/b");
+        assert_ne!(a.event_id, b.event_id, "{id}: two sources, two events");
+        assert_ne!(a.event_id.to_string(), ID, "{id}: not folded into the canonical id's event");
+        assert_eq!(a.foreign(), Some((id, "/a")), "{id}: kept as sent");
+        assert_eq!(a.event_id, with(id, "/a").event_id, "{id}: a redelivery is a duplicate");
+    }
+    let own = with(ID, "/b");
+    assert_eq!((own.event_id.to_string().as_str(), own.foreign()), (ID, None));
+}
+
+/// Structured mode's `data` reaches the handler as sent, byte for byte, as binary mode's
+/// value does. Before, it was parsed and written again: keys sorted, a number beyond f64
+/// rounded (`1.2345678901234568e23`).
+#[test]
+fn structured_data_is_passed_on_as_sent() {
+    let data = r#"{ "z": 123456789012345678901234, "a": [1.10, "x"] }"#;
+    let event = format!(
+        r#"{{"specversion":"1.0","id":"e-1","source":"/py","type":"x.y","schemaversion":1,"data":{data}}}"#
+    );
+    let (_, read) = structured("application/cloudevents+json", &event).expect("read");
+    assert_eq!(String::from_utf8(read).expect("utf-8"), data);
+}
+
+/// What a structured event or its headers say twice, or in the wrong JSON type, is not
+/// guessed at: parked with the reason.
+#[test]
+fn repeated_members_and_mistyped_attributes_are_parked() {
+    let cases = [
+        (
+            r#"{"specversion":"1.0","id":"a","id":"b","source":"s","type":"x.y","schemaversion":1,"data":{}}"#,
+            "attribute id appears more than once",
+        ),
+        (
+            r#"{"specversion":"1.0","id":"a","source":"s","type":"x.y","schemaversion":1,"data":{},"data":[]}"#,
+            "attribute data appears more than once",
+        ),
+        (
+            r#"{"specversion":1.0,"id":"a","source":"s","type":"x.y","schemaversion":1,"data":{}}"#,
+            "attribute specversion is not a string",
+        ),
+        (
+            r#"{"specversion":"1.0","id":1,"source":"s","type":"x.y","schemaversion":1,"data":{}}"#,
+            "attribute id is not a string",
+        ),
+        (
+            r#"{"specversion":"1.0","id":"a","source":true,"type":"x.y","schemaversion":1,"data":{}}"#,
+            "attribute source is not a string",
+        ),
+        (
+            r#"{"specversion":"1.0","id":"a","source":"s","type":"x.y","dataschema":2,"data":{}}"#,
+            "attribute dataschema is not a string",
+        ),
+    ];
+    for (value, reason) in cases {
+        match structured("application/cloudevents+json", value) {
+            Err(err) => assert!(err.starts_with(reason), "{value}: {err:?} should start with {reason:?}"),
+            Ok((m, _)) => panic!("{value}: expected {reason:?}, read {m:?}"),
+        }
+    }
+    // An extension may be a number or a boolean.
+    let ok = r#"{"specversion":"1.0","id":"a","source":"s","type":"x.y","schemaversion":1,"aggregateversion":4,"flag":true,"data":{}}"#;
+    assert_eq!(structured("application/cloudevents+json", ok).expect("read").0.aggregate_version, Some(4));
+
+    let twice = [
+        OK.as_slice(),
+        &[("Content-Type", "application/json"), ("content-type", "application/cloudevents+json")],
+    ]
+    .concat();
+    assert_eq!(
+        meta(&twice, b"{}").unwrap_err(),
+        "header content-type appears more than once (in different cases)"
+    );
+    let empty_subject = [OK.as_slice(), &[("ce_subject", "")]].concat();
+    assert_eq!(
+        meta(&empty_subject, b"{}").expect("applies").aggregate_id.as_deref(),
+        Some("k"),
+        "an empty subject falls back to the key"
+    );
 }
