@@ -70,6 +70,7 @@ fn headers_schema() -> Value {
             "ce_dataschema": { "type": "string", "format": "uri", "description": "The committed schema's URI (its $id)." },
             "content-type": { "type": "string", "const": "application/json" },
             "traceparent": text("W3C trace context, when the appending code was traced."),
+            "tracestate": text("W3C trace state, with traceparent, when the trace has one."),
         },
     })
 }

@@ -31,7 +31,8 @@ pub(crate) fn follow(span: &Span, headers: &BTreeMap<String, String>) {
     if let Some(remote) = otel::remote(headers) {
         use opentelemetry::trace::TraceContextExt as _;
         use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-        // Fails only without an OpenTelemetry layer, where there is nothing to parent.
+        // Fails without an OpenTelemetry layer (nothing to parent) or when a filter
+        // disabled the span: the handler's spans then stay in the inbox's own trace.
         let _ = span.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
     }
     #[cfg(not(feature = "opentelemetry"))]
@@ -65,12 +66,16 @@ mod otel {
     /// Adds the current span's context to `headers`, unless they already carry one or
     /// there is no valid current context.
     pub(crate) fn capture(headers: &mut BTreeMap<String, String>) {
-        if headers.contains_key(TRACEPARENT) {
+        // The caller's own context, or a part of one, is never mixed with ours.
+        if headers.keys().any(|k| k.eq_ignore_ascii_case(TRACEPARENT) || k.eq_ignore_ascii_case(TRACESTATE)) {
             return;
         }
-        let mut cx = tracing::Span::current().context();
+        // OpenTelemetry's current context first: the innermost span, whether the API
+        // opened it or a tracing span entered it (context activation); the tracing span's
+        // own context for a layer that does not activate.
+        let mut cx = opentelemetry::Context::current();
         if !cx.span().span_context().is_valid() {
-            cx = opentelemetry::Context::current();
+            cx = tracing::Span::current().context();
         }
         let span = cx.span();
         let context = span.span_context();
@@ -79,14 +84,15 @@ mod otel {
         }
         headers.insert(TRACEPARENT.to_owned(), traceparent(context));
         let state = context.trace_state().header();
-        if !state.is_empty() && !headers.contains_key(TRACESTATE) {
+        if !state.is_empty() {
             headers.insert(TRACESTATE.to_owned(), state);
         }
     }
 
-    /// `00-{trace id}-{span id}-{flags}`.
+    /// `00-{trace id}-{span id}-{flags}`; of the flags only `sampled` is defined (level 1).
     pub(crate) fn traceparent(context: &SpanContext) -> String {
-        format!("00-{}-{}-{:02x}", context.trace_id(), context.span_id(), context.trace_flags().to_u8())
+        let flags = context.trace_flags() & TraceFlags::SAMPLED;
+        format!("00-{}-{}-{:02x}", context.trace_id(), context.span_id(), flags.to_u8())
     }
 
     /// The remote context of a record: `traceparent` (else `ce_traceparent`) and its
@@ -118,8 +124,8 @@ mod otel {
         let span_id = SpanId::from_hex(span_id).ok().filter(|s| *s != SpanId::INVALID)?;
         let flags = u8::from_str_radix(flags, 16).ok()?;
         let state = state.and_then(|s| TraceState::from_str(s).ok()).unwrap_or_default();
-        // Only the sampled bit is defined; the others are passed on as they came.
-        Some(SpanContext::new(trace_id, span_id, TraceFlags::new(flags), true, state))
+        // Only the sampled bit is defined; the others must be zeroed (W3C, level 1).
+        Some(SpanContext::new(trace_id, span_id, TraceFlags::new(flags) & TraceFlags::SAMPLED, true, state))
     }
 
     #[cfg(test)]
@@ -133,6 +139,9 @@ mod otel {
             assert_eq!(traceparent(&context), header);
             assert!(context.is_sampled() && context.is_remote());
             assert_eq!(context.trace_state().get("congo"), Some("t61rcWkgMzE"));
+            let reserved =
+                parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-ff", None).expect("valid");
+            assert_eq!(traceparent(&reserved), header, "flags other than sampled are zeroed");
             let later = "cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-comes-next";
             assert!(parse(later, None).is_some(), "a later version's extra fields are skipped");
             let bad_state = parse(header, Some("not a tracestate,,=")).expect("the parent is kept");
@@ -185,12 +194,15 @@ mod otel {
                 }
                 let text: String = text.into_iter().collect();
                 if let Some(context) = parse(&text, Some(&text)) {
-                    // The ids and flags as sent (a later version prints as 00).
-                    assert_eq!(
-                        text.trim().get(2..55),
-                        traceparent(&context).get(2..),
-                        "{text:?}, seed {seed}"
-                    );
+                    // The ids as sent, the sampled flag kept and the others zeroed (a
+                    // later version prints as 00).
+                    let sent = text.trim();
+                    let printed = traceparent(&context);
+                    assert_eq!(sent.get(3..52), printed.get(3..52), "{text:?}, seed {seed}");
+                    let flags =
+                        sent.get(53..55).and_then(|f| u8::from_str_radix(f, 16).ok()).expect("parsed");
+                    let expected = format!("{:02x}", flags & 1);
+                    assert_eq!(printed.get(53..), Some(expected.as_str()), "{text:?}, seed {seed}");
                 }
             }
         }
