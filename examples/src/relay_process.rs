@@ -22,8 +22,8 @@ use outbox_runtime::Outbox;
 use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 
-/// The default local database.
-pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+/// The default local database (the library's, quoted).
+pub use outbox_runtime::DEFAULT_DATABASE_URL;
 
 /// The CloudEvents `source` of this service's events.
 pub const SOURCE: &str = "/order-service";

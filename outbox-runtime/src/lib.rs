@@ -98,6 +98,11 @@ pub mod xtask;
 
 #[cfg(feature = "runtime")]
 pub use append::{append, AppendOptions, NewEvent, RESERVED_HEADER_BYTES};
+
+/// The local development database (`DATABASE_URL`'s default for the `outbox` command, the
+/// examples, the demo and this workspace's tests): the PostgreSQL of the README's
+/// quickstart. Never a default of the library itself, which always takes a pool.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 pub use error::{Error, Result};
 pub use event::OutboxEvent;
 #[cfg(feature = "runtime")]

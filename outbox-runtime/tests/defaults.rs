@@ -155,6 +155,8 @@ fn the_readme_states_the_inbox_defaults_the_code_has() {
             ("commit_interval", duration(c.get_commit_interval())),
             ("operator_poll_interval", duration(c.get_operator_poll_interval())),
             ("shutdown_timeout", duration(c.get_shutdown_timeout())),
+            ("cleanup_interval", duration(c.get_cleanup_interval())),
+            ("cleanup_batch_size", count(c.get_cleanup_batch_size().into())),
         ],
     );
 }

@@ -20,8 +20,7 @@ pub(crate) struct Ping {
 
 /// The URL of the test's database.
 pub(crate) fn database_url(pool: &PgPool) -> String {
-    let base =
-        std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let base = std::env::var("DATABASE_URL").unwrap_or_else(|_| outbox_runtime::DEFAULT_DATABASE_URL.into());
     let db = pool.connect_options().get_database().unwrap_or("test").to_owned();
     format!("{}/{db}", base.rsplit_once('/').map_or(base.as_str(), |(server, _)| server))
 }

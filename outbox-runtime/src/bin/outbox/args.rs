@@ -5,7 +5,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use outbox_runtime::inbox::InboxConfig;
 use outbox_runtime::relay::{Cleanup, RelayConfig};
+use outbox_runtime::OutboxConfig;
 use uuid::Uuid;
 
 #[derive(Parser)]
@@ -20,15 +22,15 @@ pub(crate) struct Cli {
     #[arg(
         long,
         env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/test",
+        default_value = outbox_runtime::DEFAULT_DATABASE_URL,
         global = true
     )]
     pub(crate) database_url: String,
     /// Schema of the outbox tables.
-    #[arg(long, default_value = "public", global = true)]
+    #[arg(long, default_value_t = OutboxConfig::default().get_schema().to_owned(), global = true)]
     pub(crate) schema: String,
     /// Outbox table name.
-    #[arg(long, default_value = "outbox", global = true)]
+    #[arg(long, default_value_t = OutboxConfig::default().get_table().to_owned(), global = true)]
     pub(crate) table: String,
     /// Capacity in unpublished events, for the forecast in `status` and the relay's metrics.
     #[arg(long, global = true, conflicts_with = "capacity_bytes")]
@@ -93,7 +95,7 @@ pub(crate) enum Command {
         #[arg(long, value_parser = parse_duration)]
         older_than: Duration,
         /// Rows per transaction.
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = Cleanup::default().get_batch_size())]
         batch_size: u32,
     },
     /// Counts events per type and hour: appended, published and, given the consumer's
@@ -203,10 +205,10 @@ pub(crate) struct ReconcileArgs {
     #[arg(long, requires = "consumer")]
     pub(crate) inbox_database_url: Option<String>,
     /// Schema of the inbox tables.
-    #[arg(long, default_value = "public")]
+    #[arg(long, default_value_t = inbox_defaults().get_schema().to_owned())]
     pub(crate) inbox_schema: String,
     /// Inbox table name.
-    #[arg(long, default_value = "inbox")]
+    #[arg(long, default_value_t = inbox_defaults().get_table().to_owned())]
     pub(crate) inbox_table: String,
     /// An event type the consumer must have applied (repeatable); other types count as
     /// consumed when any of their events is in the inbox.
@@ -223,10 +225,10 @@ pub(crate) struct InboxArgs {
     #[arg(long)]
     pub(crate) consumer: String,
     /// Schema of the inbox tables.
-    #[arg(long, default_value = "public")]
+    #[arg(long, default_value_t = inbox_defaults().get_schema().to_owned())]
     pub(crate) inbox_schema: String,
     /// Inbox table name.
-    #[arg(long, default_value = "inbox")]
+    #[arg(long, default_value_t = inbox_defaults().get_table().to_owned())]
     pub(crate) inbox_table: String,
     #[command(subcommand)]
     pub(crate) command: InboxCommand,
@@ -256,6 +258,11 @@ pub(crate) enum InboxCommand {
         #[arg(long)]
         yes: bool,
     },
+}
+
+/// An inbox's settings as the library defaults them, for the defaults the flags quote.
+fn inbox_defaults() -> InboxConfig {
+    InboxConfig::new("", "", [""])
 }
 
 /// A duration in humantime's grammar (`90s`, `15m`, `12h`, `7d`, `250ms`, `1h 30m`); a

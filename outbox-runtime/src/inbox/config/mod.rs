@@ -59,8 +59,12 @@ impl std::fmt::Debug for InboxConfig {
             .field("buffer_per_partition", &self.buffer_per_partition)
             .field("commit_interval", &self.commit_interval)
             .field("operator_poll_interval", &self.operator_poll_interval)
+            .field("batch_size", &self.batch_size)
+            .field("batch_wait", &self.batch_wait)
+            .field("batch_timeout", &self.batch_timeout)
             .field("shutdown_timeout", &self.shutdown_timeout)
-            .field("cleanup", &(self.cleanup_interval, self.cleanup_batch))
+            .field("cleanup_interval", &self.cleanup_interval)
+            .field("cleanup_batch_size", &self.cleanup_batch)
             .field("kafka", &redacted(&self.kafka))
             .finish()
     }
@@ -224,6 +228,21 @@ impl InboxConfig {
         self
     }
 
+    /// How often expired dedup rows (past [`InboxConfig::dedup_retention`]) are deleted.
+    /// At least 1 s. Default: 60 s.
+    #[must_use]
+    pub fn cleanup_interval(mut self, interval: Duration) -> Self {
+        self.cleanup_interval = interval;
+        self
+    }
+
+    /// Expired dedup rows deleted per transaction. 1 to 100,000. Default: 1,000.
+    #[must_use]
+    pub fn cleanup_batch_size(mut self, rows: u32) -> Self {
+        self.cleanup_batch = rows;
+        self
+    }
+
     /// How often the running consumer looks for retries requested by operators
     /// ([`InboxAdmin::request_retry`](super::InboxAdmin::request_retry), `outbox inbox
     /// retry`). Between 10 ms and 1 h. Default: 2 s.
@@ -251,13 +270,35 @@ impl InboxConfig {
     }
 
     /// The consumer name (Kafka `group.id`).
+    pub fn get_consumer(&self) -> &str {
+        &self.consumer
+    }
+
+    /// The topics read.
+    pub fn get_topics(&self) -> &[String] {
+        &self.topics
+    }
+
+    /// The consumer name (Kafka `group.id`).
+    #[deprecated(since = "0.1.0", note = "use get_consumer, named as every other getter")]
     pub fn consumer(&self) -> &str {
         &self.consumer
     }
 
     /// The topics read.
+    #[deprecated(since = "0.1.0", note = "use get_topics, named as every other getter")]
     pub fn topics(&self) -> &[String] {
         &self.topics
+    }
+
+    /// How often expired dedup rows are deleted.
+    pub fn get_cleanup_interval(&self) -> Duration {
+        self.cleanup_interval
+    }
+
+    /// Expired dedup rows deleted per transaction.
+    pub fn get_cleanup_batch_size(&self) -> u32 {
+        self.cleanup_batch
     }
 
     /// The dedup retention (`None`: forever).
@@ -357,6 +398,13 @@ impl InboxConfig {
             within("dedup_retention", retention, Duration::from_secs(1), 36_500 * DAY)?;
         }
         count("max_attempts", u64::from(self.max_attempts))?;
+        within("cleanup_interval", self.cleanup_interval, Duration::from_secs(1), 36_500 * DAY)?;
+        if !(1..=100_000).contains(&self.cleanup_batch) {
+            return Err(Error::Config(format!(
+                "inbox setting cleanup_batch_size is {}: it must be between 1 and 100000",
+                self.cleanup_batch
+            )));
+        }
         count("queue_per_partition", self.queue_per_partition as u64)?;
         if !(1..=10_000).contains(&self.batch_size) {
             return Err(Error::Config(format!(
@@ -403,54 +451,4 @@ fn count(setting: &str, value: u64) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_are_valid_and_every_bad_value_is_named() {
-        let base = || InboxConfig::new("c", "b", ["t"]);
-        base().validate().expect("defaults");
-        let cases = [
-            (base().commit_interval(Duration::ZERO), "commit_interval"),
-            (base().commit_interval(2 * HOUR), "commit_interval"),
-            (base().backoff(Duration::ZERO, Duration::from_secs(1)), "backoff (base)"),
-            (base().backoff(Duration::from_secs(2), Duration::from_secs(1)), "backoff (max)"),
-            (base().backoff(MS, 2 * DAY), "backoff (max)"),
-            (base().operator_poll_interval(Duration::ZERO), "operator_poll_interval"),
-            (base().shutdown_timeout(Duration::ZERO), "shutdown_timeout"),
-            (base().dedup_retention(Duration::ZERO), "dedup_retention"),
-            (base().replay_window(Duration::MAX), "replay_window"),
-            (base().max_attempts(0), "max_attempts"),
-            (base().queue_per_partition(0), "queue_per_partition"),
-            (base().queue_per_partition(usize::MAX), "queue_per_partition"),
-            (base().buffer_per_partition(10), "buffer_per_partition"),
-            (base().kafka_setting("enable.auto.commit", "true"), "enable.auto.commit"),
-            (base().kafka_setting("auto.commit.enable", "true"), "auto.commit.enable"),
-            (base().kafka_setting("topic.auto.commit.enable", "true"), "topic.auto.commit.enable"),
-            (InboxConfig::new("", "b", ["t"]), "consumer"),
-            (InboxConfig::new("c", "b", [""]), "topics"),
-            (InboxConfig::new("c", "b", Vec::<String>::new()), "topics"),
-        ];
-        for (config, setting) in cases {
-            match config.validate() {
-                Err(Error::Config(message)) => {
-                    assert!(message.contains(setting), "{message:?} names {setting}")
-                }
-                other => panic!("{setting}: expected Error::Config, got {other:?}"),
-            }
-        }
-        base().dedup_retention(None).max_attempts(1).queue_per_partition(1).validate().expect("edges");
-    }
-
-    #[test]
-    fn debug_never_shows_a_secret() {
-        let config = InboxConfig::new("c", "sasl_ssl://svc:hunter1@broker:9093", ["t"])
-            .kafka_setting("sasl.password", "hunter2")
-            .kafka_setting("sasl.oauthbearer.token.endpoint.url", "https://svc:hunter4@idp/token")
-            .kafka_setting("ssl.key.password", "hunter3")
-            .kafka_setting("security.protocol", "SASL_SSL");
-        let shown = format!("{config:?}");
-        assert!(!shown.contains("hunter"), "{shown}");
-        assert!(shown.contains("SASL_SSL") && shown.contains("(redacted)"), "{shown}");
-    }
-}
+mod tests;
