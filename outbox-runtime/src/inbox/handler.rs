@@ -346,6 +346,12 @@ impl Handlers {
         self
     }
 
+    /// The event types ignored on purpose.
+    #[cfg(feature = "testing")]
+    pub(crate) fn ignored_types(&self) -> &BTreeSet<String> {
+        &self.ignored
+    }
+
     /// A typed handler first, then an ignored type, then the fallback.
     pub(crate) fn resolve(&self, event_type: &str, schema_version: u32) -> Resolved<'_> {
         if let Some(handler) = self.typed.get(&(event_type.to_owned(), schema_version)) {

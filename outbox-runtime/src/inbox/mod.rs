@@ -128,6 +128,24 @@ impl Inbox {
         &self.config
     }
 
+    /// Its tables.
+    #[cfg(feature = "testing")]
+    pub(crate) fn names(&self) -> &InboxNames {
+        &self.names
+    }
+
+    /// Its handlers.
+    #[cfg(feature = "testing")]
+    pub(crate) fn handlers(&self) -> &Handlers {
+        &self.handlers
+    }
+
+    /// The pool its tables are in.
+    #[cfg(feature = "testing")]
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
     /// This consumer's counters.
     pub fn stats(&self) -> Arc<InboxStats> {
         self.stats.clone()
