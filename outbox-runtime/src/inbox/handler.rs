@@ -177,9 +177,38 @@ pub struct Meta {
     pub offset: i64,
     /// Every header, by name.
     pub headers: BTreeMap<String, String>,
+    /// The consumer reading it (set by the inbox before a handler sees it).
+    pub(crate) consumer: Arc<str>,
 }
 
+/// The namespace of [`Meta::idempotency_key`]'s UUIDv5s.
+pub const IDEMPOTENCY_NAMESPACE: Uuid = Uuid::from_u128(0x6f75_7462_6f78_4000_8000_6964_656d_706f);
+
 impl Meta {
+    /// The consumer (the inbox's name) this message is handled for.
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+
+    /// A key for an effect outside the database, to send to a receiver that deduplicates
+    /// (an `Idempotency-Key` header, a payment provider's request id): the UUIDv5 of the
+    /// consumer and the event id in [`IDEMPOTENCY_NAMESPACE`].
+    ///
+    /// The inbox row makes the database effect happen once; it cannot make a call to
+    /// another service atomic with it: the call may succeed and the transaction still roll
+    /// back (a later handler error, a crash, a lost connection), and the event is then
+    /// delivered again. This key is the same on every delivery, replay and operator retry
+    /// of the event to this consumer, and different for another consumer, so a receiver
+    /// that honours it performs the effect once. For a receiver that does not, see the
+    /// README's "Effects outside the database": reconciliation and compensation remain.
+    pub fn idempotency_key(&self) -> Uuid {
+        let mut name = Vec::with_capacity(self.consumer.len() + 17);
+        name.extend_from_slice(self.consumer.as_bytes());
+        name.push(0);
+        name.extend_from_slice(self.event_id.as_bytes());
+        Uuid::new_v5(&IDEMPOTENCY_NAMESPACE, &name)
+    }
+
     /// The CloudEvents `id` and `source` when the event id was derived from them (an id
     /// that is not a UUID), for the inbox row.
     pub(crate) fn foreign(&self) -> Option<(&str, &str)> {

@@ -53,7 +53,9 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::admin::{Discarded, InboxAdmin};
 pub use self::config::InboxConfig;
-pub use self::handler::{BoxFuture, EventHandler, HandlerError, Handlers, Meta, RawHandler};
+pub use self::handler::{
+    BoxFuture, EventHandler, HandlerError, Handlers, Meta, RawHandler, IDEMPOTENCY_NAMESPACE,
+};
 pub use self::message::{event_id_of, FOREIGN_ID_NAMESPACE};
 pub use self::release::Released;
 pub use self::retention::{judge as judge_retention, judge_topic, RetentionVerdict};

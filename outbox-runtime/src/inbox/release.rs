@@ -143,7 +143,8 @@ impl Inbox {
                 null_value,
                 headers.0,
                 raw_headers,
-            );
+            )
+            .for_consumer(&self.store.consumer_name);
             match self
                 .store
                 .apply(&self.pool, tx, &self.handlers, &incoming, Some((row_id, "retried")))

@@ -188,7 +188,7 @@ impl Worker {
     /// Reads a record handed to this worker, making room for the next.
     fn take(&self, message: OwnedMessage) -> Incoming {
         self.shared.made_room(&self.place);
-        Incoming::read(&message)
+        Incoming::read(&message).for_consumer(&self.store.consumer_name)
     }
 
     /// Applies `batch` in one transaction. `None` when it did; `Some(i)` when record `i` did

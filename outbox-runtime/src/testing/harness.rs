@@ -291,7 +291,9 @@ impl Harness {
     }
 
     /// Waits until every event appended (and committed) before this call has its outcome
-    /// (see [`Harness`]), up to the settle timeout (60 s by default).
+    /// (see [`Harness`]), up to the settle timeout (60 s by default). Events that handlers
+    /// append to the relay's outbox meanwhile (follow-ups in the transaction that applied
+    /// an event) are waited for too.
     ///
     /// # Errors
     /// [`Error::NotSettled`] naming each event that went wrong (at once) or is still
@@ -304,13 +306,7 @@ impl Harness {
     /// [`Harness::settle`] with another timeout.
     pub async fn settle_within(&mut self, timeout: Duration) -> Result<Settled> {
         let started = Instant::now();
-        let table = &self.outbox_table;
-        let watermark: Option<i64> =
-            sqlx::query_scalar(AssertSqlSafe(format!("SELECT max(id) FROM {table}")))
-                .fetch_one(&self.pool)
-                .await
-                .map_err(Error::from)?;
-        let Some(watermark) = watermark else { return Ok(Settled::default()) };
+        let Some(mut watermark) = self.last_id().await? else { return Ok(Settled::default()) };
         loop {
             self.check_running().await?;
             let events = self.events(watermark).await?;
@@ -323,7 +319,13 @@ impl Harness {
                 return Err(not_settled(started.elapsed(), "", &verdict.problems));
             }
             if verdict.waiting.is_empty() {
-                return Ok(verdict.settled);
+                // Events the handlers appended meanwhile (a follow-up in the transaction that
+                // applied one) are part of what the test waits for.
+                match self.last_id().await? {
+                    Some(last) if last > watermark => watermark = last,
+                    _ => return Ok(verdict.settled),
+                }
+                continue;
             }
             if started.elapsed() >= timeout {
                 let head = format!("{} event(s) still waiting: ", verdict.waiting.len());
@@ -331,6 +333,14 @@ impl Harness {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The newest outbox row's id.
+    async fn last_id(&self) -> Result<Option<i64>> {
+        let table = &self.outbox_table;
+        Ok(sqlx::query_scalar(AssertSqlSafe(format!("SELECT max(id) FROM {table}")))
+            .fetch_one(&self.pool)
+            .await?)
     }
 
     /// Every outbox row up to `watermark`.

@@ -3,6 +3,7 @@
 //! (`schemaversion`, or the `dataschema` URI), the aggregate, and the data handlers decode.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -337,6 +338,7 @@ pub(super) fn read_meta(parts: &Parts<'_>) -> Result<(Meta, Option<Vec<u8>>), St
         partition: parts.place.1,
         offset: parts.place.2,
         headers: headers.clone(),
+        consumer: Arc::default(),
     };
     Ok((meta, attributes.data))
 }

@@ -228,6 +228,15 @@ impl Incoming {
         }
     }
 
+    /// The same record, its meta naming `consumer` (handlers read it, and
+    /// [`Meta::idempotency_key`](crate::inbox::Meta::idempotency_key) is made of it).
+    pub(crate) fn for_consumer(mut self, consumer: &std::sync::Arc<str>) -> Incoming {
+        if let Ok(meta) = &mut self.meta {
+            meta.consumer = consumer.clone();
+        }
+        self
+    }
+
     /// The event's data, as handlers decode it: the value in binary mode, the `data`
     /// member in structured mode.
     pub(crate) fn event_data(&self) -> &[u8] {

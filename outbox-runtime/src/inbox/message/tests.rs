@@ -393,3 +393,39 @@ fn repeated_members_and_mistyped_attributes_are_parked() {
         "an empty subject falls back to the key"
     );
 }
+
+/// The idempotency key is the same for every delivery of an event to one consumer (any
+/// partition, offset, or a record rebuilt from the parked table), and differs between
+/// consumers and between events.
+#[test]
+fn the_idempotency_key_depends_on_the_consumer_and_the_event_only() {
+    let key = |consumer: &str, place: (&str, i32, i64), id: &str| {
+        let headers = [&[("ce_id", id)], &OK[1..]].concat();
+        let incoming = Incoming::new(
+            place.0,
+            place.1,
+            place.2,
+            Some(b"k".to_vec()),
+            Some(b"{}".to_vec()),
+            raw(&headers),
+        )
+        .for_consumer(&std::sync::Arc::from(consumer));
+        let meta = incoming.meta.expect("meta");
+        assert_eq!(meta.consumer(), consumer);
+        meta.idempotency_key()
+    };
+    let first = key("billing", ("t", 0, 5), ID);
+    assert_eq!(first, key("billing", ("t", 3, 900), ID), "a redelivery elsewhere has the same key");
+    assert_ne!(first, key("shipping", ("t", 0, 5), ID), "another consumer has its own");
+    assert_ne!(first, key("billing", ("t", 0, 5), "0190d5a2-8f7e-7a1c-9d5e-3f2b1a0c9e8e"));
+    // Fixed by the namespace and the name (consumer, NUL, event id bytes): it never changes
+    // between versions of this library, or a receiver would see a new key after an upgrade.
+    let mut name = b"billing\0".to_vec();
+    name.extend_from_slice(uuid::Uuid::parse_str(ID).expect("uuid").as_bytes());
+    assert_eq!(first, uuid::Uuid::new_v5(&crate::inbox::IDEMPOTENCY_NAMESPACE, &name));
+    assert_eq!(
+        first.to_string(),
+        "1355c06e-ff82-53e3-9d08-27a5f90e1fb4",
+        "pinned (Python: uuid5 of the same bytes)"
+    );
+}

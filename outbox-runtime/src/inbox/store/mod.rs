@@ -84,6 +84,8 @@ enum Step {
 #[derive(Debug)]
 pub(crate) struct Store {
     pub(crate) consumer: String,
+    /// The same, shared with every record's [`Meta`].
+    pub(crate) consumer_name: std::sync::Arc<str>,
     lock_key: SqlStr,
     find_hold: SqlStr,
     park: SqlStr,
@@ -110,6 +112,7 @@ impl Store {
         let hold_key = format!("\"{}\".\"{}_hold_key\"($2, $3)", names.schema, names.table);
         Store {
             consumer: consumer.to_owned(),
+            consumer_name: consumer.into(),
             // Serializes everything done for one key: the consumer's hold check and an
             // operator's release cannot interleave.
             lock_key: sql(format!("SELECT pg_advisory_xact_lock(hashtextextended($1 || ':' || encode({hold_key}, 'hex'), 0))")),
