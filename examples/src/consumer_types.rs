@@ -424,7 +424,7 @@ pub mod payment_capture_requested_v1 {
     ///      "type": "string"
     ///    },
     ///    "idempotency_key": {
-    ///      "description": "The key the gateway deduplicates on: the `order.confirmed` event's\n[`Meta::idempotency_key`] for consumer `payments`, the same on every delivery.",
+    ///      "description": "The key the gateway deduplicates on: the idempotency key of the `order.confirmed`\nevent for consumer `payments`, the same on every delivery.",
     ///      "type": "string",
     ///      "format": "uuid"
     ///    },
@@ -444,8 +444,8 @@ pub mod payment_capture_requested_v1 {
         pub amount_cents: i64,
         ///ISO 4217 currency code.
         pub currency: ::std::string::String,
-        /**The key the gateway deduplicates on: the `order.confirmed` event's
-[`Meta::idempotency_key`] for consumer `payments`, the same on every delivery.*/
+        /**The key the gateway deduplicates on: the idempotency key of the `order.confirmed`
+event for consumer `payments`, the same on every delivery.*/
         pub idempotency_key: ::uuid::Uuid,
         ///The order.
         pub order_id: ::uuid::Uuid,

@@ -47,8 +47,8 @@ pub struct CaptureRequested {
     pub amount_cents: i64,
     /// ISO 4217 currency code.
     pub currency: String,
-    /// The key the gateway deduplicates on: the `order.confirmed` event's
-    /// [`Meta::idempotency_key`] for consumer `payments`, the same on every delivery.
+    /// The key the gateway deduplicates on: the idempotency key of the `order.confirmed`
+    /// event for consumer `payments`, the same on every delivery.
     pub idempotency_key: Uuid,
 }
 

@@ -70,11 +70,17 @@ pub fn serve_metrics_from_env() -> outbox_runtime::Result<()> {
     Ok(())
 }
 
-/// Installs a log subscriber honouring `RUST_LOG` (default `info`).
+/// Installs a log subscriber honouring `RUST_LOG` (default `info`), on standard error, in
+/// colour only when that is a terminal (a log file gets no escape codes).
 pub fn init_logging() {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
 }
 
 /// Runs a relay until SIGTERM or Ctrl-C. Exit code 2 on bad configuration, 1 on failure.

@@ -1,8 +1,8 @@
 //! Appending events inside the caller's transaction.
 //!
-//! The event row commits or rolls back with the business change (invariant 1).
+//! The event row commits or rolls back with the business change ([invariant 1](crate::guarantees#i1)).
 //! Serialization and the record size are checked before anything is written, so a bad
-//! event fails the caller's transaction instead of failing later in the relay (invariant 2).
+//! event fails the caller's transaction instead of failing later in the relay ([invariant 2](crate::guarantees#i2)).
 
 use std::collections::BTreeMap;
 

@@ -1,4 +1,4 @@
-//! Deleting published rows after a retention period, in small batches (invariant 10): each
+//! Deleting published rows after a retention period, in small batches ([invariant 10](crate::guarantees#i10)): each
 //! batch is its own short transaction, so cleanup never holds locks or bloats for long.
 
 use std::time::Duration;

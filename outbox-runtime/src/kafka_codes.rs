@@ -7,7 +7,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode as Code;
 
 /// Delivery errors that repeat however often the same record is sent: the relay fails the
-/// event (invariant 6). Anything else in a delivery report (timeouts, leader changes, a
+/// event ([invariant 6](crate::guarantees#i6)). Anything else in a delivery report (timeouts, leader changes, a
 /// gapless error that only says an earlier record failed) is retried.
 pub(crate) fn is_permanent_delivery(code: Code) -> bool {
     matches!(

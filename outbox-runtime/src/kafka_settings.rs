@@ -1,6 +1,6 @@
 //! librdkafka setting names as librdkafka reads them: a `topic.` prefix is dropped and an
 //! alias is the property it stands for, so that a setting the outbox fixes cannot be
-//! changed through another name (invariant 12).
+//! changed through another name ([invariant 12](crate::guarantees#i12)).
 
 /// librdkafka's aliases (`rdkafka_conf.c`, `_RK_C_ALIAS`): alias, property.
 const ALIASES: &[(&str, &str)] = &[

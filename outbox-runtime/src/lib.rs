@@ -42,6 +42,9 @@
 //!
 //! The [`schema`] module generates the JSON Schemas, checks committed ones, and judges
 //! compatibility between two schemas.
+//!
+//! The guarantees it keeps, numbered as the documentation cites them ("invariant 8"):
+//! [`guarantees`].
 
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 #![warn(missing_docs)]
@@ -61,6 +64,8 @@ mod capacity;
 mod cleanup;
 mod error;
 mod event;
+#[doc = include_str!("guarantees.md")]
+pub mod guarantees {}
 #[cfg(feature = "runtime")]
 pub mod inbox;
 #[cfg(feature = "runtime")]

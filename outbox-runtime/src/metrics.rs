@@ -1,5 +1,5 @@
 //! Metrics through the [`metrics`] facade: install any recorder and the relay and the inbox
-//! report to it; [`install_prometheus`] (feature `prometheus`, on with `cli`) serves them for
+//! report to it; `install_prometheus` (feature `prometheus`, on with `cli`) serves them for
 //! Prometheus. Labels stay few and bounded: never an event id or an aggregate id.
 //!
 //! | name | kind | labels | meaning |

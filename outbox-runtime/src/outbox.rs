@@ -112,7 +112,7 @@ impl OutboxConfig {
         self
     }
 
-    /// Whether append serialises the appends of one aggregate (invariant 13): it takes a
+    /// Whether append serialises the appends of one aggregate ([invariant 13](crate::guarantees#i13)): it takes a
     /// transaction-level advisory lock on each aggregate it appends to (a batch takes them
     /// in one fixed order), so a second transaction appending to the same aggregate waits
     /// until the first ends, and the aggregate's events get ids, and reach Kafka, in commit

@@ -303,6 +303,11 @@ pub fn write_or_check(schemas: &Path, out: &Path, check: bool) -> Result<Status,
             ),
         });
     }
+    // A folder that does not exist yet (a new consumer crate's `src/`) is made.
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .map_err(|error| TypegenError::Write { path: out.to_owned(), error })?;
+    }
     std::fs::write(out, generated).map_err(|error| TypegenError::Write { path: out.to_owned(), error })?;
     Ok(Status::Written)
 }

@@ -302,7 +302,10 @@ impl Xtask {
         let root = self.project_root();
         let schemas = args.schemas.unwrap_or_else(|| root.join("schemas"));
         let Some(out) = args.out.or_else(|| self.typegen_out.as_ref().map(|out| root.join(out))) else {
-            eprintln!("error: typegen needs --out FILE: the Rust file to write the consumer types to");
+            eprintln!(
+                "error: typegen needs --out FILE: the Rust file to write the consumer types to \
+                 (or set it once in your xtask: `Xtask::new().typegen_out(\"consumer/src/events.rs\")`)"
+            );
             return ExitCode::from(2);
         };
         match write_or_check(&schemas, &out, args.check) {

@@ -1,4 +1,4 @@
-//! Deleting a consumer's expired dedup rows, in batches (invariant 10).
+//! Deleting a consumer's expired dedup rows, in batches ([invariant 10](crate::guarantees#i10)).
 
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ impl Inbox {
 
 /// Deletes `consumer`'s inbox rows applied more than `older_than` ago, `batch_size` per
 /// statement. Only its own: consumers sharing the table keep theirs as long as they choose
-/// (invariant 10).
+/// ([invariant 10](crate::guarantees#i10)).
 async fn delete_applied(
     pool: &PgPool,
     inbox: &str,

@@ -1,5 +1,5 @@
 //! What a failure to process one message means for that message: park it now, retry it a
-//! bounded number of times, or wait for the database (invariant 11: a failure that repeats
+//! bounded number of times, or wait for the database ([invariant 11](crate::guarantees#i11): a failure that repeats
 //! ends in a recorded outcome after bounded attempts, never in an unbounded loop).
 //!
 //! Database errors are classified by SQLSTATE class, the way sqlx's

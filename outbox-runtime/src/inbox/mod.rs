@@ -3,13 +3,13 @@
 //!
 //! For every message, one transaction inserts `(consumer, event_id)` into the inbox with
 //! `ON CONFLICT DO NOTHING`; only a new row runs the handler, whose effect commits or rolls
-//! back with it (invariant 8). Partitions are processed in parallel, each in order, and an
-//! offset is committed only once every message before it has a final outcome (invariant 7).
+//! back with it ([invariant 8](crate::guarantees#i8)). Partitions are processed in parallel, each in order, and an
+//! offset is committed only once every message before it has a final outcome ([invariant 7](crate::guarantees#i7)).
 //! A transient handler error retries the same message with backoff. A permanent one, and
 //! any message that is not a readable event (headers, JSON, unknown type or version,
 //! payload that does not decode), is parked with its reason and raw bytes; later messages
 //! of the same key are held behind it, stored, not applied, until an operator retries or
-//! discards it (invariant 9). Nothing is dropped.
+//! discards it ([invariant 9](crate::guarantees#i9)). Nothing is dropped.
 //!
 //! ```no_run
 //! # use outbox_runtime::inbox::{EventHandler, HandlerError, Handlers, Inbox, InboxConfig, Meta};
@@ -115,7 +115,7 @@ impl std::fmt::Debug for Inbox {
 impl Inbox {
     /// An inbox consumer on `pool` (not yet connected to Kafka).
     ///
-    /// Every setting is checked here (invariant 12): one that cannot work is an
+    /// Every setting is checked here ([invariant 12](crate::guarantees#i12)): one that cannot work is an
     /// [`Error::Config`](crate::Error::Config) naming it.
     pub fn new(pool: PgPool, config: InboxConfig, handlers: Handlers) -> Result<Self> {
         let names = InboxNames::new(&config.schema, &config.table)?;

@@ -1,5 +1,5 @@
 //! [`RelayConfig`]: how a relay runs, and the checks that keep its settings from breaking
-//! a guarantee (invariant 12).
+//! a guarantee ([invariant 12](crate::guarantees#i12)).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -204,7 +204,7 @@ impl RelayConfig {
         self
     }
 
-    /// Checks every setting against the relay's guarantees (invariant 12): a send must end
+    /// Checks every setting against the relay's guarantees ([invariant 12](crate::guarantees#i12)): a send must end
     /// within its lease, and nothing may weaken acks=all, idempotence or per-partition
     /// order, whatever name or alias sets it.
     pub(super) fn validate(&self) -> Result<()> {

@@ -1,5 +1,5 @@
 //! How an inbox consumer runs: its settings, their defaults, and the bounds `Inbox::new`
-//! holds them to (invariant 12: a setting that cannot work is refused by name).
+//! holds them to ([invariant 12](crate::guarantees#i12): a setting that cannot work is refused by name).
 
 use std::collections::BTreeMap;
 use std::time::Duration;

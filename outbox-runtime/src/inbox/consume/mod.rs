@@ -8,11 +8,11 @@
 //!   loop never waits on a queue, so a slow partition never holds up the others. When the
 //!   buffer holds `buffer_per_partition` bytes the partition is paused at the broker, so
 //!   memory stays bounded; a worker that takes a record wakes the loop, which refills the
-//!   queue from the buffer and resumes the partition once half is left (invariant 11);
+//!   queue from the buffer and resumes the partition once half is left ([invariant 11](crate::guarantees#i11));
 //! - a worker reports the next offset to commit after each outcome; the loop commits those
 //!   of partitions it owns, and a revoke commits the revoked partitions' finished offsets
 //!   synchronously before the revoke completes, stops their workers and drops their queued
-//!   records (they are the next owner's now) (invariant 7);
+//!   records (they are the next owner's now) ([invariant 7](crate::guarantees#i7));
 //! - a worker that cannot record an outcome, or panics, fails the whole consumer: `run()`
 //!   ends with [`Error::Inbox`] instead of living on without it.
 

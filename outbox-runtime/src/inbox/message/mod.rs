@@ -2,7 +2,7 @@
 //! reaches SQL. Nothing here fails and nothing panics: bytes that are not storable text
 //! (not UTF-8, or holding NUL, which PostgreSQL text refuses) are kept as bytes for the
 //! parked row and never used as text identifiers; what makes the record unreadable as an
-//! event becomes the reason to park it (invariant 9).
+//! event becomes the reason to park it ([invariant 9](crate::guarantees#i9)).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
