@@ -181,3 +181,86 @@ fn a_project_of_its_own_generates_checks_and_refuses_with_the_three_line_xtask()
         assert!(deps.len() < 80, "{package} has {} dependencies:\n{tree}", deps.len());
     }
 }
+
+/// The README's "Use it in your project", executed: every block of it that names a file
+/// (```` ```toml file=events/Cargo.toml ````) is written into a fresh workspace outside
+/// this repository, `outbox-runtime`'s `version = "0.1"` becoming a path to this checkout,
+/// and every line of its ```` ```sh run ```` blocks is run there, in order: schemas,
+/// consumer types, the service's harness test against PostgreSQL and an embedded Kafka,
+/// and the CI checks.
+#[test]
+fn the_readme_workspace_builds_tests_and_checks_outside_this_repository() {
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let readme = fs::read_to_string(here.join("../README.md")).expect("README");
+    let section = readme
+        .split("### Use it in your project")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("the README has its 'Use it in your project' section");
+    let runtime = here.join("../outbox-runtime").canonicalize().expect("outbox-runtime");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("shop");
+    let (files, commands) = blocks(section);
+    assert!(
+        files.len() >= 10,
+        "the section names its files: {:?}",
+        files.iter().map(|f| &f.0).collect::<Vec<_>>()
+    );
+    assert!(commands.len() >= 5, "and its commands: {commands:?}");
+    for (path, body) in &files {
+        let body = body.replace(
+            "outbox-runtime = { version = \"0.1\"",
+            &format!("outbox-runtime = {{ path = \"{}\"", runtime.display()),
+        );
+        write(&root.join(path), &body);
+    }
+    fs::copy(here.join("../Cargo.lock"), root.join("Cargo.lock")).expect("copy Cargo.lock");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| here.join("../target"))
+        .join("user-project");
+    for command in &commands {
+        let words: Vec<&str> = command.split_whitespace().collect();
+        assert_eq!(words[0], "cargo", "the README's commands here are cargo's: {command}");
+        let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(&words[1..])
+            .current_dir(&root)
+            .env("CARGO_TARGET_DIR", &target)
+            .env("CARGO_NET_OFFLINE", "true")
+            .env_remove("CARGO_MANIFEST_DIR")
+            .env_remove("RUSTFLAGS")
+            .output()
+            .expect("cargo runs");
+        eprintln!("readme workspace: `{command}`: {}", out.status);
+        assert!(out.status.success(), "`{command}` failed in the README's workspace:\n{}", text(&out));
+        if command.starts_with("cargo test") {
+            let said = text(&out);
+            assert!(said.contains("test an_issued_invoice_reaches_the_ledger_once ... ok"), "{said}");
+        }
+    }
+    assert!(root.join("schemas/invoice.issued/v1.json").is_file());
+    let types = fs::read_to_string(root.join("consumer/src/events.rs")).expect("generated types");
+    assert!(types.contains("pub struct InvoiceIssuedV1"), "{types}");
+}
+
+/// The blocks of `section` that name a file, and the lines of its `sh run` blocks (without
+/// their comments).
+fn blocks(section: &str) -> (Vec<(String, String)>, Vec<String>) {
+    let (mut files, mut commands) = (Vec::new(), Vec::new());
+    let mut lines = section.lines();
+    while let Some(line) = lines.next() {
+        let Some(info) = line.strip_prefix("```") else { continue };
+        let body: Vec<&str> = lines.by_ref().take_while(|l| !l.starts_with("```")).collect();
+        if let Some(path) = info.split_whitespace().find_map(|w| w.strip_prefix("file=")) {
+            files.push((path.to_owned(), body.join("\n") + "\n"));
+        } else if info.split_whitespace().eq(["sh", "run"]) {
+            for line in body {
+                let command = line.split(" #").next().unwrap_or_default().trim();
+                if !command.is_empty() {
+                    commands.push(command.to_owned());
+                }
+            }
+        }
+    }
+    (files, commands)
+}
