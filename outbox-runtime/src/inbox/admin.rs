@@ -40,6 +40,10 @@ impl InboxAdmin {
 
     /// Parked and held messages, oldest first.
     pub async fn parked(&self) -> Result<Vec<ParkedMessage>> {
+        self.parked_unchecked().await.map_err(|e| self.names.not_migrated(e))
+    }
+
+    async fn parked_unchecked(&self) -> Result<Vec<ParkedMessage>> {
         let sql = format!(
             "SELECT id, status, reason, topic, kafka_partition, kafka_offset, record_key, event_type, payload, \
                     retry_requested_at IS NOT NULL \
@@ -84,6 +88,10 @@ impl InboxAdmin {
     /// Asks the running consumer to apply parked message `id` again, then the messages held
     /// behind it. Fails when `id` is not parked or is held behind an earlier message.
     pub async fn request_retry(&self, id: i64) -> Result<()> {
+        self.request_retry_unchecked(id).await.map_err(|e| self.names.not_migrated(e))
+    }
+
+    async fn request_retry_unchecked(&self, id: i64) -> Result<()> {
         let mut tx = self.pool.begin().await?;
         self.first_open(&mut tx, id).await?;
         sqlx::query(AssertSqlSafe(format!(
@@ -101,6 +109,10 @@ impl InboxAdmin {
     /// its event is absorbed. The messages held behind it are handed to the running
     /// consumer, which applies them in order.
     pub async fn discard(&self, id: i64, reason: &str) -> Result<Discarded> {
+        self.discard_unchecked(id, reason).await.map_err(|e| self.names.not_migrated(e))
+    }
+
+    async fn discard_unchecked(&self, id: i64, reason: &str) -> Result<Discarded> {
         let mut tx = self.pool.begin().await?;
         let hold_key = self.first_open(&mut tx, id).await?;
         discard_row(&mut tx, &self.names, id, reason).await?;

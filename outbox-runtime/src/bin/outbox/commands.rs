@@ -12,8 +12,7 @@ use outbox_runtime::sqlx::PgPool;
 use outbox_runtime::{CancellationToken, Capacity, Error, Outbox, OutboxConfig};
 
 use crate::args::{Cli, Command, FailedCommand, InboxArgs, InboxCommand, ReconcileArgs, RelayArgs};
-use crate::render;
-use crate::Fail;
+use crate::{fail, hint, render, Fail};
 
 pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
     let mut config = OutboxConfig::default().schema(&cli.schema).table(&cli.table);
@@ -25,7 +24,14 @@ pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
     }
     let outbox = Outbox::new(config)?;
     let pool = connect(&cli.database_url).await?;
-    match cli.command {
+    match dispatch(outbox, pool.clone(), cli.command).await {
+        Err(failure) => Err(hint::explain(&pool, failure).await),
+        done => done,
+    }
+}
+
+async fn dispatch(outbox: Outbox, pool: PgPool, command: Command) -> Result<ExitCode, Fail> {
+    match command {
         Command::Migrate => {
             outbox.migrator().run(&pool).await.map_err(Error::from)?;
             println!("outbox tables are up to date");
@@ -69,13 +75,13 @@ pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
         }
         Command::Discard { event_id, reason, yes } => {
             if !yes {
-                return Err(Fail(
+                return Err(fail(
                     2,
                     format!("discarding {event_id} means it is never published; add --yes to confirm"),
                 ));
             }
             if !outbox.ops().discard(&pool, event_id, &reason).await? {
-                return Err(Fail(1, format!("no failed or pending event {event_id}")));
+                return Err(fail(1, format!("no failed or pending event {event_id}")));
             }
             println!("discarded {event_id}: {reason}");
         }
@@ -130,6 +136,7 @@ pub(crate) async fn relay(outbox: Outbox, pool: PgPool, args: RelayArgs) -> Resu
         .source(args.source)
         .dataschema_base(args.dataschema_base)
         .cleanup(cleanup);
+    outbox.ops().check_migrated(&pool).await?;
     let relay = Relay::new(pool, outbox, config)?;
     let shutdown = CancellationToken::new();
     outbox_runtime::signal::cancel_on_signal(shutdown.clone());
@@ -141,7 +148,7 @@ pub(crate) async fn reconcile(outbox: &Outbox, pool: &PgPool, args: ReconcileArg
     let since = parse_time(pool, "--since", &args.since).await?;
     let until = parse_time(pool, "--until", &args.until).await?;
     if until <= since {
-        return Err(Fail(2, format!("--until {:?} is not after --since {:?}", args.until, args.since)));
+        return Err(fail(2, format!("--until {:?} is not after --since {:?}", args.until, args.since)));
     }
     let inbox = match (&args.consumer, &args.inbox_database_url) {
         (Some(consumer), Some(url)) => {
@@ -184,7 +191,7 @@ pub(crate) async fn inbox(pool: PgPool, args: InboxArgs) -> Result<ExitCode, Fai
         }
         InboxCommand::Discard { id, reason, yes } => {
             if !yes {
-                return Err(Fail(
+                return Err(fail(
                     2,
                     format!("discarding parked message {id} means it never applies; add --yes to confirm"),
                 ));
@@ -205,7 +212,7 @@ pub(crate) async fn connect(url: &str) -> Result<PgPool, Fail> {
         .acquire_timeout(Duration::from_secs(5))
         .connect(url)
         .await
-        .map_err(|e| Fail(3, format!("cannot connect to {}: {e}", redact_urls(url))))
+        .map_err(|e| fail(3, format!("cannot connect to {}: {e}", redact_urls(url))))
 }
 
 /// Reads a timestamp the way PostgreSQL does, so every form it accepts works here.
@@ -215,8 +222,8 @@ pub(crate) async fn parse_time(pool: &PgPool, flag: &str, text: &str) -> Result<
         .fetch_one(pool)
         .await
         .map_err(|e| match e.as_database_error() {
-            Some(db) => Fail(2, format!("invalid {flag} {text:?}: {}", db.message())),
-            None => Fail(3, e.to_string()),
+            Some(db) => fail(2, format!("invalid {flag} {text:?}: {}", db.message())),
+            None => fail(3, e.to_string()),
         })?;
     // -infinity and infinity stand for "from the beginning" and "until the end".
     let far = Duration::from_secs(100_000_000_000);
@@ -229,7 +236,7 @@ pub(crate) async fn parse_time(pool: &PgPool, flag: &str, text: &str) -> Result<
     } else {
         Duration::try_from_secs_f64(-seconds).ok().and_then(|d| UNIX_EPOCH.checked_sub(d))
     };
-    time.ok_or_else(|| Fail(2, format!("invalid {flag} {text:?}: out of range")))
+    time.ok_or_else(|| fail(2, format!("invalid {flag} {text:?}: out of range")))
 }
 
 pub(crate) async fn parse_optional_time(

@@ -7,7 +7,7 @@ use tracing::{warn, Instrument as _};
 use super::handler::{Dispatch, Handlers, Meta, Resolved};
 use super::message::{raw_headers_json, Incoming};
 use super::spans;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::table::{sql, validate_identifier};
 
 /// Quoted names of the inbox's tables.
@@ -32,6 +32,16 @@ impl InboxNames {
             parked: q("_parked"),
             aggregates: q("_aggregates"),
         })
+    }
+
+    /// The inbox's error for a missing table of its own: [`Error::InboxNotMigrated`]
+    /// naming it; any other error as it is.
+    pub(crate) fn not_migrated(&self, error: Error) -> Error {
+        let suffixes = ["", "_parked", "_aggregates", "_audit"];
+        match crate::table::missing_table(&error, &self.schema, &self.table, &suffixes) {
+            Some(table) => Error::InboxNotMigrated { table },
+            None => error,
+        }
     }
 }
 

@@ -1,0 +1,117 @@
+//! The `outbox` command line's first run, as a newcomer meets it: an unmigrated database,
+//! no database given, a misspelled consumer or table. Every mistake names its fix.
+
+use std::process::Output;
+
+use outbox_runtime::inbox::InboxAdmin;
+use outbox_runtime::{Error, Outbox};
+use sqlx::PgPool;
+
+mod common;
+
+use common::outbox_cli;
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Every command but `migrate`, on a database without the outbox's tables: exit 2, the
+/// table named, and the command that creates it.
+#[sqlx::test(migrations = false)]
+async fn every_command_on_an_unmigrated_database_says_run_outbox_migrate(pool: PgPool) {
+    let id = uuid::Uuid::nil().to_string();
+    let commands: &[&[&str]] = &[
+        &["status"],
+        &["status", "--json"],
+        &["failed", "list"],
+        &["retrying"],
+        &["retry", "--all-failed"],
+        &["retry", &id],
+        &["discard", &id, "--reason", "r", "--yes"],
+        &["replay", "--event-type", "order.confirmed"],
+        &["purge", "--older-than", "7d"],
+        &["reconcile", "--since=-infinity", "--until", "now"],
+        &["relay", "--brokers", "127.0.0.1:1"],
+    ];
+    for args in commands {
+        let out = outbox_cli(&pool, args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("table \"public\".\"outbox\" does not exist")
+                && err.contains("run `outbox migrate`")
+                && !err.contains("at line"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// The inbox commands on a database without the inbox's tables: exit 2, the table named,
+/// and that the consumer's own binary creates it.
+#[sqlx::test(migrations = false)]
+async fn inbox_commands_on_an_unmigrated_database_name_the_inbox_migrator(pool: PgPool) {
+    let commands: &[&[&str]] =
+        &[&["parked"], &["parked", "--json"], &["retry", "1"], &["discard", "1", "--reason", "r", "--yes"]];
+    for args in commands {
+        let mut all = vec!["inbox", "--consumer", "billing"];
+        all.extend_from_slice(args);
+        let out = outbox_cli(&pool, &all);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("table \"public\".\"inbox")
+                && err.contains("does not exist")
+                && err.contains("inbox.migrator()"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// The library says the same to its own callers: `ops()` and `InboxAdmin` return
+/// `NotMigrated` and `InboxNotMigrated`, not a raw SQL error.
+#[sqlx::test(migrations = false)]
+async fn the_library_names_a_missing_table_too(pool: PgPool) {
+    let ops = Outbox::default_ref().ops();
+    for result in [
+        ops.status(&pool).await.map(drop),
+        ops.failed(&pool).await.map(drop),
+        ops.retrying(&pool, 10).await.map(drop),
+        ops.check_migrated(&pool).await,
+    ] {
+        match result {
+            Err(Error::NotMigrated { table }) => assert_eq!(table, "\"public\".\"outbox\""),
+            other => panic!("expected NotMigrated, got {other:?}"),
+        }
+    }
+    let admin = InboxAdmin::new(pool.clone(), "public", "inbox", "billing").expect("admin");
+    for result in
+        [admin.parked().await.map(drop), admin.request_retry(1).await, admin.discard(1, "r").await.map(drop)]
+    {
+        match result {
+            Err(Error::InboxNotMigrated { table }) => {
+                assert!(table.starts_with("\"public\".\"inbox"), "{table}")
+            }
+            other => panic!("expected InboxNotMigrated, got {other:?}"),
+        }
+    }
+}
+
+/// A `--table` or `--schema` naming no outbox table, close to one that exists, gets the
+/// flags that name it.
+#[sqlx::test(migrations = false)]
+async fn a_misspelled_table_is_refused_with_the_close_one(pool: PgPool) {
+    Outbox::default_ref().migrator().run(&pool).await.expect("migrate");
+    let out = outbox_cli(&pool, &["--table", "outbx", "status"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("table \"public\".\"outbx\" does not exist")
+            && err.contains("did you mean `--table outbox`? (outbox tables in this database: public.outbox); if not, run `outbox migrate`")
+,
+        "{err}"
+    );
+    let out = outbox_cli(&pool, &["--schema", "publik", "failed", "list"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("did you mean `--schema public --table outbox`?"), "{err}");
+}
