@@ -1,7 +1,7 @@
 //! The `outbox` command line's first run, as a newcomer meets it: an unmigrated database,
 //! no database given, a misspelled consumer or table. Every mistake names its fix.
 
-use std::process::Output;
+use std::process::{Command, Output};
 
 use outbox_runtime::inbox::InboxAdmin;
 use outbox_runtime::{Error, Outbox};
@@ -114,4 +114,24 @@ async fn a_misspelled_table_is_refused_with_the_close_one(pool: PgPool) {
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("did you mean `--schema public --table outbox`?"), "{err}");
+}
+
+/// No `--database-url` and no `DATABASE_URL`: refused (exit 2), not a surprising default
+/// database; a URL in the environment is never printed, `--help` included.
+#[test]
+fn no_database_given_is_refused_and_a_url_is_never_printed() {
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .env_remove("DATABASE_URL")
+        .arg("status")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(stderr(&out).trim(), "outbox: no database given: set --database-url or DATABASE_URL");
+    let help = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .env("DATABASE_URL", "postgres://app:s3cret@127.0.0.1:1/none")
+        .arg("--help")
+        .output()
+        .expect("run");
+    let text = format!("{}{}", String::from_utf8_lossy(&help.stdout), stderr(&help));
+    assert!(text.contains("--database-url") && !text.contains("s3cret"), "{text}");
 }

@@ -18,14 +18,10 @@ use uuid::Uuid;
     after_help = "Exit codes: 0 done; 1 nothing matched, or reconcile found differences; 2 bad arguments or settings; 3 database, broker or metrics listener failure; 4 conflicts with the current state (release the earlier message first)."
 )]
 pub(crate) struct Cli {
-    /// PostgreSQL holding the outbox.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = outbox_runtime::DEFAULT_DATABASE_URL,
-        global = true
-    )]
-    pub(crate) database_url: String,
+    /// PostgreSQL holding the outbox (required: there is no default database). Its value
+    /// is never printed, in `--help` neither.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub(crate) database_url: Option<String>,
     /// Schema of the outbox tables.
     #[arg(long, default_value_t = OutboxConfig::default().get_schema().to_owned(), global = true)]
     pub(crate) schema: String,

@@ -23,7 +23,10 @@ pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
         config = config.capacity(Capacity::Bytes(bytes));
     }
     let outbox = Outbox::new(config)?;
-    let pool = connect(&cli.database_url).await?;
+    let Some(url) = cli.database_url.as_deref() else {
+        return Err(fail(2, "no database given: set --database-url or DATABASE_URL"));
+    };
+    let pool = connect(url).await?;
     match dispatch(outbox, pool.clone(), cli.command).await {
         Err(failure) => Err(hint::explain(&pool, failure).await),
         done => done,
