@@ -135,3 +135,53 @@ fn no_database_given_is_refused_and_a_url_is_never_printed() {
     let text = format!("{}{}", String::from_utf8_lossy(&help.stdout), stderr(&help));
     assert!(text.contains("--database-url") && !text.contains("s3cret"), "{text}");
 }
+
+/// An inbox with applied rows of `billing` and a parked one of `shipping`.
+async fn two_consumers(pool: &PgPool) {
+    let inbox = outbox_runtime::inbox::Inbox::new(
+        pool.clone(),
+        outbox_runtime::inbox::InboxConfig::new("billing", "127.0.0.1:1", ["orders"]),
+        outbox_runtime::inbox::Handlers::new(),
+    )
+    .expect("inbox");
+    inbox.migrator().run(pool).await.expect("migrate");
+    sqlx::query(
+        "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset) \
+         VALUES ('billing', gen_random_uuid(), 'order.confirmed', 1, 'orders', 0, 0)",
+    )
+    .execute(pool)
+    .await
+    .expect("applied");
+    sqlx::query(
+        "INSERT INTO inbox_parked (consumer, topic, kafka_partition, kafka_offset, record_key, headers, payload, status, reason) \
+         VALUES ('shipping', 'orders', 0, 0, 'k', '{}', '', 'parked', 'handler failed: boom')",
+    )
+    .execute(pool)
+    .await
+    .expect("parked");
+}
+
+/// A misspelled `--consumer` is refused (exit 2) with the consumers there are and the
+/// closest one, instead of "no parked messages" and exit 0.
+#[sqlx::test(migrations = false)]
+async fn an_unknown_consumer_is_refused_with_the_known_ones(pool: PgPool) {
+    two_consumers(&pool).await;
+    for args in [&["parked"][..], &["retry", "1"], &["discard", "1", "--reason", "r", "--yes"]] {
+        let mut all = vec!["inbox", "--consumer", "bilingg"];
+        all.extend_from_slice(args);
+        let out = outbox_cli(&pool, &all);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        assert_eq!(
+            stderr(&out).trim(),
+            "outbox: unknown consumer `bilingg`: it has no row in this inbox's tables; did you mean `billing`? \
+             (consumers in this inbox: billing, shipping)"
+        );
+    }
+    let far = outbox_cli(&pool, &["inbox", "--consumer", "payments", "parked"]);
+    assert_eq!(far.status.code(), Some(2));
+    assert!(!stderr(&far).contains("did you mean"), "{}", stderr(&far));
+    let known = outbox_cli(&pool, &["inbox", "--consumer", "billing", "parked"]);
+    assert_eq!(known.status.code(), Some(0), "a known consumer with nothing parked: {known:?}");
+    let admin = InboxAdmin::new(pool.clone(), "public", "inbox", "x").expect("admin");
+    assert_eq!(admin.consumers().await.expect("consumers"), ["billing", "shipping"]);
+}

@@ -38,6 +38,36 @@ impl InboxAdmin {
         InboxAdmin { pool, names, consumer }
     }
 
+    /// The consumers that have rows in this inbox's tables (applied, parked or tracked
+    /// aggregates), sorted: the names an operator can act on. Reads the inbox's primary
+    /// key by skipping from one consumer to the next, so it costs one probe per consumer,
+    /// not a scan of the inbox.
+    pub async fn consumers(&self) -> Result<Vec<String>> {
+        let skip = |t: &str| {
+            format!(
+                "(WITH RECURSIVE c(consumer) AS (SELECT min(consumer) FROM {t} UNION ALL \
+                   SELECT (SELECT min(consumer) FROM {t} WHERE consumer > c.consumer) FROM c \
+                   WHERE c.consumer IS NOT NULL) \
+                 SELECT consumer FROM c WHERE consumer IS NOT NULL)"
+            )
+        };
+        let sql = format!(
+            "{} UNION {} UNION (SELECT DISTINCT consumer FROM {}) ORDER BY 1",
+            skip(&self.names.inbox),
+            skip(&self.names.aggregates),
+            self.names.parked
+        );
+        sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.names.not_migrated(e.into()))
+    }
+
+    /// The consumer this admin operates.
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+
     /// Parked and held messages, oldest first.
     pub async fn parked(&self) -> Result<Vec<ParkedMessage>> {
         self.parked_unchecked().await.map_err(|e| self.names.not_migrated(e))

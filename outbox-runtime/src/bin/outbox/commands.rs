@@ -176,6 +176,7 @@ pub(crate) async fn reconcile(outbox: &Outbox, pool: &PgPool, args: ReconcileArg
 
 pub(crate) async fn inbox(pool: PgPool, args: InboxArgs) -> Result<ExitCode, Fail> {
     let admin = InboxAdmin::new(pool, &args.inbox_schema, &args.inbox_table, &args.consumer)?;
+    hint::known_consumer(&admin).await?;
     match args.command {
         InboxCommand::Parked { json } => {
             let parked = admin.parked().await?;

@@ -1,9 +1,10 @@
 //! Typo hints: a name the operator gave that matches nothing, against the names that do
 //! exist ("did you mean `billing`?").
 
+use outbox_runtime::inbox::InboxAdmin;
 use outbox_runtime::sqlx::PgPool;
 
-use crate::Fail;
+use crate::{fail, Fail};
 
 /// A table that does not exist, as the library named it (`"schema"."table"`), and what
 /// creates it.
@@ -49,6 +50,27 @@ pub(crate) fn closest<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) 
         .filter(|(d, k)| *d > 0 && *d <= (k.chars().count() / 3).max(1))
         .min()
         .map(|(_, k)| k)
+}
+
+/// Refuses a consumer with no row in the inbox's tables (exit 2), naming the consumers
+/// there are and the closest one: a misspelled `--consumer` would otherwise find nothing
+/// parked and say so.
+pub(crate) async fn known_consumer(admin: &InboxAdmin) -> Result<(), Fail> {
+    let known = admin.consumers().await?;
+    let consumer = admin.consumer();
+    if known.iter().any(|k| k == consumer) {
+        return Ok(());
+    }
+    let mut message = format!("unknown consumer `{consumer}`: it has no row in this inbox's tables");
+    if known.is_empty() {
+        message.push_str(" and neither has any other consumer (a consumer's rows appear once it applies or parks a message)");
+    } else {
+        if let Some(close) = closest(consumer, known.iter().map(String::as_str)) {
+            message.push_str(&format!("; did you mean `{close}`?"));
+        }
+        message.push_str(&format!(" (consumers in this inbox: {})", known.join(", ")));
+    }
+    Err(fail(2, message))
 }
 
 /// `fail` with, for a missing table, the outbox (or inbox) tables this database does hold
