@@ -185,3 +185,60 @@ async fn an_unknown_consumer_is_refused_with_the_known_ones(pool: PgPool) {
     let admin = InboxAdmin::new(pool.clone(), "public", "inbox", "x").expect("admin");
     assert_eq!(admin.consumers().await.expect("consumers"), ["billing", "shipping"]);
 }
+
+/// Retrying or discarding a message held behind an earlier one names that one (id,
+/// status, topic, partition, offset, event type, reason) and the command releasing it: in
+/// the CLI (exit 4), `InboxAdmin` and `Inbox::retry_parked` / `discard_parked` alike.
+#[sqlx::test(migrations = false)]
+async fn a_held_message_names_the_one_holding_it(pool: PgPool) {
+    let inbox = outbox_runtime::inbox::Inbox::new(
+        pool.clone(),
+        outbox_runtime::inbox::InboxConfig::new("billing", "127.0.0.1:1", ["orders"]),
+        outbox_runtime::inbox::Handlers::new(),
+    )
+    .expect("inbox");
+    inbox.migrator().run(&pool).await.expect("migrate");
+    for (offset, status, reason) in [(7_i64, "parked", "handler failed: boom"), (8, "held", "held behind 1")]
+    {
+        sqlx::query(
+            "INSERT INTO inbox_parked (consumer, topic, kafka_partition, kafka_offset, record_key, headers, payload, \
+                                       event_id, event_type, schema_version, status, reason) \
+             VALUES ('billing', 'orders', 3, $1, 'k', '{}', 'PAYLOAD-MARKER', gen_random_uuid(), 'order.confirmed', 1, $2, $3)",
+        )
+        .bind(offset)
+        .bind(status)
+        .bind(reason)
+        .execute(&pool)
+        .await
+        .expect("park");
+    }
+    let expected = "message 2 is held behind parked message 1 of its key: parked, topic orders, partition 3, \
+                    offset 7, event type order.confirmed, reason: handler failed: boom. Release that one first: \
+                    `outbox inbox --consumer billing retry 1` once its cause is fixed, or \
+                    `outbox inbox --consumer billing discard 1 --reason R --yes`";
+    let out = outbox_cli(&pool, &["inbox", "--consumer", "billing", "retry", "2"]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(stderr(&out).contains(expected), "{}", stderr(&out));
+    let out =
+        outbox_cli(&pool, &["inbox", "--consumer", "billing", "discard", "2", "--reason", "r", "--yes"]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(stderr(&out).contains(expected) && !stderr(&out).contains("PAYLOAD-MARKER"), "{}", stderr(&out));
+    let admin = inbox.admin();
+    for conflict in [
+        admin.request_retry(2).await.map(drop),
+        admin.discard(2, "r").await.map(drop),
+        inbox.retry_parked(2).await.map(drop),
+        inbox.discard_parked(2, "r").await.map(drop),
+    ] {
+        match conflict {
+            Err(Error::Conflict(message)) => assert!(message.contains(expected), "{message}"),
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+    }
+    let open: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM inbox_parked WHERE status IN ('parked', 'held')")
+            .fetch_one(&pool)
+            .await
+            .expect("n");
+    assert_eq!(open, 2, "nothing changed");
+}

@@ -206,22 +206,51 @@ impl InboxAdmin {
             return Err(Error::NotFound(format!("no parked message {id} for consumer {}", self.consumer)));
         };
         Store::new(&self.names, &self.consumer).lock(tx, &topic, key.as_deref()).await?;
-        let earlier: bool = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT EXISTS (SELECT 1 FROM {parked} WHERE consumer = $1 AND hold_key = $2 \
-                AND status IN ('parked', 'held') AND id < $3)"
-        )))
-        .bind(&self.consumer)
-        .bind(hold_key.as_deref())
-        .bind(id)
-        .fetch_one(&mut *tx)
-        .await?;
-        if earlier {
-            return Err(Error::Conflict(format!(
-                "message {id} is held behind an earlier one of its key: release that first"
-            )));
+        if let Some(conflict) = held_behind(tx, &self.names, &self.consumer, hold_key.as_deref(), id).await? {
+            return Err(conflict);
         }
         Ok(hold_key)
     }
+}
+
+/// The longest part of a blocker's reason quoted in a conflict, in characters.
+const QUOTED_REASON_CHARS: usize = 300;
+
+/// When parked message `id` is held behind an earlier open message of its key: the
+/// [`Error::Conflict`] naming that one (the first open message of the key, the only one
+/// that can be released), what it is, why it is parked and how to release it.
+pub(crate) async fn held_behind(
+    conn: &mut PgConnection,
+    names: &InboxNames,
+    consumer: &str,
+    hold_key: Option<&[u8]>,
+    id: i64,
+) -> Result<Option<Error>> {
+    type Row = (i64, String, String, i32, i64, Option<String>, String);
+    let head: Option<Row> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT id, status, topic, kafka_partition, kafka_offset, event_type, reason FROM {} \
+         WHERE consumer = $1 AND hold_key = $2 AND status IN ('parked', 'held') AND id < $3 ORDER BY id LIMIT 1",
+        names.parked
+    )))
+    .bind(consumer)
+    .bind(hold_key)
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(head.map(|(head, status, topic, partition, offset, event_type, reason)| {
+        let mut quoted: String = reason.chars().take(QUOTED_REASON_CHARS).collect();
+        if quoted.len() < reason.len() {
+            quoted.push('…');
+        }
+        Error::Conflict(format!(
+            "message {id} is held behind parked message {head} of its key: {status}, topic {topic}, partition \
+             {partition}, offset {offset}, event type {}, reason: {quoted}. Release that one first: \
+             `outbox inbox --consumer {consumer} retry {head}` once its cause is fixed, or \
+             `outbox inbox --consumer {consumer} discard {head} --reason R --yes` (in code, \
+             `retry_parked({head})` or `discard_parked({head}, reason)`)",
+            event_type.as_deref().unwrap_or("unknown"),
+        ))
+    }))
 }
 
 /// Marks parked row `id` discarded and records its event id, so that a later delivery of
