@@ -310,8 +310,7 @@ impl Store {
                 return Ok(Step::Commit(Outcome::Ignored));
             }
             Resolved::Unhandled => {
-                let reason =
-                    format!("no handler for event type {} version {}", meta.event_type, meta.schema_version);
+                let reason = handlers.unhandled_reason(&meta.event_type, meta.schema_version);
                 return Ok(Step::Commit(self.park_instead(tx, msg, &reason, resolves).await?));
             }
         };
