@@ -1,5 +1,5 @@
 //! An operator's release of a parked message, without Kafka: the reason a message with no
-//! handler is parked with.
+//! handler is parked with, and the counters a release moves.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -94,4 +94,22 @@ async fn the_no_handler_reason_is_bounded(pool: PgPool) {
         reason.contains("and 980 more") && reason.contains("Handlers::ignore(\"invoice.issued\")"),
         "{reason}"
     );
+}
+
+/// A message an operator released and applied counts as applied, as one the consumer
+/// read does (before, `InboxStats::applied` missed it).
+#[sqlx::test(migrations = false)]
+async fn a_released_message_counts_in_the_stats(pool: PgPool) {
+    let flaky = Flaky::default();
+    flaky.failing.store(true, Ordering::SeqCst);
+    let inbox =
+        parked_one(&pool, Handlers::new().on::<OrderConfirmed, _>(flaky.clone()), "order.confirmed", 1).await;
+    let stats = inbox.stats();
+    let again = inbox.retry_parked(1).await.expect("retry");
+    assert!(again.parked_again.is_some_and(|r| r.contains("ledger closed")));
+    assert_eq!((stats.applied(), stats.parked()), (0, 1), "parked again: counted as parked");
+    flaky.failing.store(false, Ordering::SeqCst);
+    let released = inbox.retry_parked(1).await.expect("retry");
+    assert_eq!((released.applied, released.parked_again), (1, None));
+    assert_eq!(stats.applied(), 1, "applied by a release");
 }

@@ -156,11 +156,13 @@ impl Inbox {
                 headers.0,
                 raw_headers,
             );
-            match self
+            let outcome = self
                 .store
                 .apply(&self.pool, tx, &self.handlers, &incoming, Some((row_id, "retried")))
-                .await?
-            {
+                .await?;
+            // Counted as the consumer counts what it reads: an applied release is applied.
+            self.stats.record(&self.config.consumer, &outcome);
+            match outcome {
                 Outcome::Parked(reason) => {
                     released.parked_again = Some(reason);
                     return Ok(released);
