@@ -58,6 +58,8 @@ pub(crate) struct Names {
     pub(crate) relays: String,
     /// `"schema"."table_cleaned"`: what cleanup and purge deleted, counted.
     pub(crate) cleaned: String,
+    /// `"schema"."table_audit"`: operators' actions by filter.
+    pub(crate) audit: String,
     /// The NOTIFY channel: `schema.table`.
     pub(crate) channel: String,
 }
@@ -73,6 +75,7 @@ impl Names {
             leases: format!("\"{schema}\".\"{table}_leases\""),
             relays: format!("\"{schema}\".\"{table}_relays\""),
             cleaned: format!("\"{schema}\".\"{table}_cleaned\""),
+            audit: format!("\"{schema}\".\"{table}_audit\""),
             channel: format!("{schema}.{table}"),
         })
     }

@@ -6,6 +6,8 @@
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 
+mod bulk;
+
 use super::store::{InboxNames, Store};
 use super::ParkedMessage;
 use crate::error::{Error, Result};
@@ -61,6 +63,11 @@ impl InboxAdmin {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.names.not_migrated(e.into()))
+    }
+
+    /// The pool it works on.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
     }
 
     /// The consumer this admin operates.
@@ -144,8 +151,15 @@ impl InboxAdmin {
 
     async fn discard_unchecked(&self, id: i64, reason: &str) -> Result<Discarded> {
         let mut tx = self.pool.begin().await?;
-        let hold_key = self.first_open(&mut tx, id).await?;
-        discard_row(&mut tx, &self.names, id, reason).await?;
+        let discarded = self.discard_in(&mut tx, id, reason).await?;
+        tx.commit().await?;
+        Ok(discarded)
+    }
+
+    /// [`InboxAdmin::discard`] in `tx`.
+    async fn discard_in(&self, tx: &mut PgConnection, id: i64, reason: &str) -> Result<Discarded> {
+        let hold_key = self.first_open(&mut *tx, id).await?;
+        discard_row(&mut *tx, &self.names, id, reason).await?;
         let parked = &self.names.parked;
         let held_behind: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT count(*) FROM {parked} WHERE consumer = $1 AND hold_key = $2 AND status IN ('parked', 'held')"
@@ -162,7 +176,6 @@ impl InboxAdmin {
         .bind(hold_key.as_deref())
         .execute(&mut *tx)
         .await?;
-        tx.commit().await?;
         Ok(Discarded { held_behind })
     }
 

@@ -60,6 +60,7 @@ pub use self::retention::{judge as judge_retention, judge_topic, RetentionVerdic
 pub use self::stats::InboxStats;
 pub(crate) use self::store::InboxNames;
 use self::store::Store;
+pub use crate::action::{ActionFilter, ActionReport};
 use crate::error::Result;
 
 type Bytes = Vec<u8>;

@@ -13,12 +13,14 @@ use crate::capacity::seconds_to_full;
 use crate::error::Result;
 use crate::outbox::Outbox;
 
+mod bulk;
 mod deprecated;
 mod gauges;
 mod purge;
 mod reconcile;
 mod replay;
 
+pub use crate::action::{ActionFilter, ActionReport};
 pub use gauges::Gauges;
 pub use reconcile::{InboxSide, Reconciliation, ReconciliationRow};
 pub use replay::{ReplayFilter, ReplayReport};
@@ -199,16 +201,21 @@ impl Ops {
     /// or table name is not the one they ran with).
     pub async fn check_migrated(&self, pool: &PgPool) -> Result<()> {
         let names = self.names();
-        let sql = [&names.outbox, &names.leases, &names.relays, &names.cleaned]
+        let sql = [&names.outbox, &names.leases, &names.relays, &names.cleaned, &names.audit]
             .iter()
             .map(|t| format!("(SELECT 1 FROM {t} LIMIT 0)"))
             .collect::<Vec<_>>()
             .join(", ");
-        sqlx::query(AssertSqlSafe(format!("SELECT {sql}")))
-            .execute(pool)
-            .await
-            .map_err(|e| names.not_migrated(e.into()))?;
-        Ok(())
+        // The latest migration's column too: a relay marks failed events with it.
+        let sql = format!("SELECT {sql}, (SELECT failed_at FROM {} LIMIT 0)", names.outbox);
+        match sqlx::query(AssertSqlSafe(sql)).execute(pool).await {
+            Ok(_) => Ok(()),
+            // undefined_column: migrated, but not to the latest version.
+            Err(e) if e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "42703") => {
+                Err(crate::Error::NotMigrated { table: names.outbox.clone() })
+            }
+            Err(e) => Err(names.not_migrated(e.into())),
+        }
     }
 
     /// Counts, the age of the oldest unpublished event, rates over the last 5 minutes,

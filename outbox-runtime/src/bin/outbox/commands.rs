@@ -10,8 +10,12 @@ use outbox_runtime::secrets::redact_urls;
 use outbox_runtime::sqlx::postgres::PgPoolOptions;
 use outbox_runtime::sqlx::PgPool;
 use outbox_runtime::{CancellationToken, Capacity, Error, Outbox, OutboxConfig};
+use uuid::Uuid;
 
-use crate::args::{Cli, Command, FailedCommand, InboxArgs, InboxCommand, ReconcileArgs, RelayArgs};
+use crate::act::{self, Target};
+use crate::args::{
+    ActionArgs, Cli, Command, FailedCommand, InboxArgs, InboxCommand, ReconcileArgs, RelayArgs,
+};
 use crate::{fail, hint, render, Fail};
 
 pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
@@ -48,6 +52,20 @@ async fn dispatch(outbox: Outbox, pool: PgPool, command: Command) -> Result<Exit
                 render::status(&status);
             }
         }
+        Command::Failed(FailedCommand::Retry { event_id: Some(id), action }) => {
+            refuse_filters_with_an_id(&action)?;
+            return retry(&outbox, &pool, &RetryTarget::Event(id)).await;
+        }
+        Command::Failed(FailedCommand::Retry { event_id: None, action }) => {
+            return act::by_filter(&pool, Target::Failed(&outbox.ops()), None, action).await;
+        }
+        Command::Failed(FailedCommand::Discard { event_id: Some(id), reason, action }) => {
+            refuse_filters_with_an_id(&action)?;
+            return discard(&outbox, &pool, id, &reason, action.yes).await;
+        }
+        Command::Failed(FailedCommand::Discard { event_id: None, reason, action }) => {
+            return act::by_filter(&pool, Target::Failed(&outbox.ops()), Some(&reason), action).await;
+        }
         Command::Failed(FailedCommand::List { json }) => {
             let failed = outbox.ops().failed(&pool).await?;
             if json {
@@ -70,23 +88,10 @@ async fn dispatch(outbox: Outbox, pool: PgPool, command: Command) -> Result<Exit
                 (_, Some(aggregate), _) => RetryTarget::Aggregate(aggregate),
                 _ => RetryTarget::AllFailed,
             };
-            let n = outbox.ops().retry(&pool, &target).await?;
-            println!("{n} failed event(s) put back up for publication");
-            if n == 0 {
-                return Ok(ExitCode::from(1));
-            }
+            return retry(&outbox, &pool, &target).await;
         }
         Command::Discard { event_id, reason, yes } => {
-            if !yes {
-                return Err(fail(
-                    2,
-                    format!("discarding {event_id} means it is never published; add --yes to confirm"),
-                ));
-            }
-            if !outbox.ops().discard(&pool, event_id, &reason).await? {
-                return Err(fail(1, format!("no failed or pending event {event_id}")));
-            }
-            println!("discarded {event_id}: {reason}");
+            return discard(&outbox, &pool, event_id, &reason, yes).await
         }
         Command::Replay(args) => {
             let f = args.filter;
@@ -121,6 +126,40 @@ async fn dispatch(outbox: Outbox, pool: PgPool, command: Command) -> Result<Exit
         Command::Inbox(args) => return inbox(pool, args).await,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn retry(outbox: &Outbox, pool: &PgPool, target: &RetryTarget) -> Result<ExitCode, Fail> {
+    let n = outbox.ops().retry(pool, target).await?;
+    println!("{n} failed event(s) put back up for publication");
+    Ok(if n == 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+async fn discard(
+    outbox: &Outbox,
+    pool: &PgPool,
+    event_id: Uuid,
+    reason: &str,
+    yes: bool,
+) -> Result<ExitCode, Fail> {
+    if !yes {
+        return Err(fail(
+            2,
+            format!("discarding {event_id} means it is never published; add --yes to confirm"),
+        ));
+    }
+    if !outbox.ops().discard(pool, event_id, reason).await? {
+        return Err(fail(1, format!("no failed or pending event {event_id}")));
+    }
+    println!("discarded {event_id}: {reason}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// An id and a filter together are ambiguous: refused.
+fn refuse_filters_with_an_id(args: &ActionArgs) -> Result<(), Fail> {
+    if args.filters() || args.dry_run {
+        return Err(fail(2, "give an id or a filter (with --dry-run), not both"));
+    }
+    Ok(())
 }
 
 pub(crate) async fn relay(outbox: Outbox, pool: PgPool, args: RelayArgs) -> Result<ExitCode, Fail> {
@@ -186,15 +225,23 @@ pub(crate) async fn inbox(pool: PgPool, args: InboxArgs) -> Result<ExitCode, Fai
                 render::parked(&parked, &args.consumer);
             }
         }
-        InboxCommand::Retry { id } => {
+        InboxCommand::Retry { id: None, action } => {
+            return act::by_filter(admin.pool(), Target::Parked(&admin), None, action).await;
+        }
+        InboxCommand::Discard { id: None, reason, action } => {
+            return act::by_filter(admin.pool(), Target::Parked(&admin), Some(&reason), action).await;
+        }
+        InboxCommand::Retry { id: Some(id), action } => {
+            refuse_filters_with_an_id(&action)?;
             admin.request_retry(id).await?;
             println!(
                 "retry of parked message {id} requested; the running consumer {} carries it out",
                 args.consumer
             );
         }
-        InboxCommand::Discard { id, reason, yes } => {
-            if !yes {
+        InboxCommand::Discard { id: Some(id), reason, action } => {
+            refuse_filters_with_an_id(&action)?;
+            if !action.yes {
                 return Err(fail(
                     2,
                     format!("discarding parked message {id} means it never applies; add --yes to confirm"),

@@ -11,6 +11,7 @@
 //! a consumer is the application's own binary (`outbox_runtime::inbox::Inbox`); the
 //! `inbox` commands operate its tables from here.
 
+mod act;
 mod args;
 mod commands;
 mod hint;

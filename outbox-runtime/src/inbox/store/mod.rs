@@ -18,6 +18,8 @@ pub(crate) struct InboxNames {
     pub(crate) inbox: String,
     pub(crate) parked: String,
     pub(crate) aggregates: String,
+    /// Operators' actions by filter.
+    pub(crate) audit: String,
 }
 
 impl InboxNames {
@@ -31,6 +33,7 @@ impl InboxNames {
             inbox: q(""),
             parked: q("_parked"),
             aggregates: q("_aggregates"),
+            audit: q("_audit"),
         })
     }
 
