@@ -229,6 +229,11 @@ async fn parked_messages_are_retried_and_discarded_by_filter(pool: PgPool) {
     .expect("audit");
     assert_eq!(audit, ("billing".into(), "carol".into(), "retry".into(), 3, 2, 1));
     sqlx::query("DROP TRIGGER meddle ON inbox_audit").execute(&pool).await.expect("drop");
+    // Again: k2's head matches now; 1 and 3 already wait for the consumer.
+    let again = admin.retry_matching(&filter, "carol", false).await.expect("again");
+    assert_eq!((again.matched, again.applied, again.first), (1, 1, vec!["2".to_owned()]));
+    let third = admin.retry_matching(&filter, "carol", false).await.expect("third");
+    assert_eq!((third.matched, third.applied), (0, 0), "nothing new");
 
     // Discard by filter, in id order: k1's head (the message held behind it does not
     // match: it goes to the running consumer next), k2's (matching since) and k3's; k4 is
@@ -279,4 +284,40 @@ async fn the_cli_retries_parked_messages_by_filter(pool: PgPool) {
         .await
         .expect("n");
     assert_eq!(audits, 1);
+    let again = inbox_cli(&["--yes"]);
+    assert_eq!(again.status.code(), Some(1), "nothing new to retry: {again:?}");
+}
+
+/// A filtered discard goes in id order per key: a head, then the message held behind it
+/// when that matches too.
+#[sqlx::test(migrations = false)]
+async fn a_filtered_discard_takes_a_key_in_order(pool: PgPool) {
+    let admin = five_parked(&pool).await;
+    let k1 = ActionFilter::default().event_type("invoice.issued").topic("orders").until(SystemTime::now());
+    let done = admin.discard_matching(&k1, "refunded", "dave", false).await.expect("discard");
+    assert_eq!((done.matched, done.applied, done.skipped), (5, 5, 0));
+    let statuses: Vec<String> = parked_rows(&pool).await.into_iter().map(|(_, s, _)| s).collect();
+    assert_eq!(statuses, ["discarded", "discarded", "discarded", "parked", "discarded", "discarded"]);
+    let other_topic = ActionFilter::default().topic("invoices");
+    assert_eq!(admin.discard_matching(&other_topic, "r", "dave", true).await.expect("dry").matched, 0);
+}
+
+/// A database migrated before the time of failure was kept: `outbox migrate`, not a raw
+/// "column does not exist"; times are read by PostgreSQL, and a bad one is named.
+#[sqlx::test(migrations = false)]
+async fn an_outbox_without_the_latest_migration_says_run_migrate(pool: PgPool) {
+    five_failed(&pool).await;
+    sqlx::query("ALTER TABLE outbox DROP COLUMN failed_at").execute(&pool).await.expect("v3");
+    let out = outbox_cli(&pool, &["failed", "retry", "--topic", "test", "--dry-run"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("run `outbox migrate`"), "{out:?}");
+    sqlx::query("ALTER TABLE outbox ADD COLUMN failed_at timestamptz").execute(&pool).await.expect("v4");
+    let until = outbox_cli(&pool, &["failed", "retry", "--until", "2000-01-01", "--dry-run"]);
+    assert_eq!(
+        (until.status.code(), stdout(&until).trim()),
+        (Some(1), "0 failed event(s) matched\ndry run: nothing changed")
+    );
+    let bad = outbox_cli(&pool, &["failed", "retry", "--since", "yesterday-ish", "--dry-run"]);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid --since \"yesterday-ish\""), "{bad:?}");
 }

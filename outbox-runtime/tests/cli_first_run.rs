@@ -110,6 +110,11 @@ async fn a_misspelled_table_is_refused_with_the_close_one(pool: PgPool) {
 ,
         "{err}"
     );
+    two_consumers(&pool).await;
+    let out = outbox_cli(&pool, &["inbox", "--consumer", "billing", "--inbox-table", "inbx", "parked"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("did you mean `--inbox-table inbox`?") && err.contains("inbox.migrator()"), "{err}");
     let out = outbox_cli(&pool, &["--schema", "publik", "failed", "list"]);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(2), "{err}");

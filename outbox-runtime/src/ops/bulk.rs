@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use super::Ops;
 use crate::action::{ActionFilter, ActionReport, Audit, ACTION_BATCH, LISTED_IDS};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 impl Ops {
     /// Puts the failed events matching `filter` back up for publication (due at once), as
@@ -22,9 +22,7 @@ impl Ops {
         dry_run: bool,
     ) -> Result<ActionReport> {
         let set = "status = 'pending', next_attempt_at = '-infinity'";
-        self.act(pool, filter, actor, dry_run, "retry", None, set)
-            .await
-            .map_err(|e| self.names().not_migrated(e))
+        self.act(pool, filter, actor, dry_run, "retry", None, set).await.map_err(|e| self.not_migrated(e))
     }
 
     /// Discards the failed events matching `filter`, as [`Ops::discard`] does one: they
@@ -41,7 +39,18 @@ impl Ops {
         let set = "status = 'discarded', last_error = 'discarded: ' || $7";
         self.act(pool, filter, actor, dry_run, "discard", Some(reason), set)
             .await
-            .map_err(|e| self.names().not_migrated(e))
+            .map_err(|e| self.not_migrated(e))
+    }
+
+    /// A missing table of the outbox, or its `failed_at` column (migration 4 not run), as
+    /// [`Error::NotMigrated`].
+    fn not_migrated(&self, error: Error) -> Error {
+        let undefined_column = matches!(&error, Error::Database(e)
+            if e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "42703"));
+        if undefined_column {
+            return Error::NotMigrated { table: self.names().outbox.clone() };
+        }
+        self.names().not_migrated(error)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -11,7 +11,8 @@ impl InboxAdmin {
     /// Asks the running consumer to retry the parked messages matching `filter` that are
     /// the first open message of their key (the consumer then applies the messages held
     /// behind each, in order, as after [`InboxAdmin::request_retry`]); a matching message
-    /// held behind another is not matched: it follows its head. A dry run counts and
+    /// held behind another is not matched: it follows its head, and neither is one whose
+    /// retry is already requested (a repeated call finds nothing new). A dry run counts and
     /// lists the first of them and changes nothing. Otherwise the matching messages are
     /// fixed when it starts and requested in transactions of [`ACTION_BATCH`]; one no
     /// longer open, or no longer first of its key, by its turn is skipped. `actor` is
@@ -55,7 +56,12 @@ impl InboxAdmin {
             "NOT EXISTS (SELECT 1 FROM {parked} q WHERE q.consumer = p.consumer AND q.hold_key = p.hold_key \
                AND q.status IN ('parked', 'held') AND q.id < p.id)"
         );
-        let heads_only = if discard.is_none() { format!("AND {head}") } else { String::new() };
+        // A retry takes heads not already waiting for one: run again, it finds nothing new.
+        let heads_only = if discard.is_none() {
+            format!("AND {head} AND p.retry_requested_at IS NULL")
+        } else {
+            String::new()
+        };
         let (types, topic, text, since, until) = filter.binds();
         let matching: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT p.id FROM {parked} p WHERE p.consumer = $1 AND p.status IN ('parked', 'held') \
@@ -89,7 +95,7 @@ impl InboxAdmin {
         };
         let request = format!(
             "UPDATE {parked} p SET retry_requested_at = now() WHERE p.id = ANY($7) AND p.consumer = $1 \
-               AND p.status IN ('parked', 'held') AND {condition} AND {head}"
+               AND p.status IN ('parked', 'held') AND p.retry_requested_at IS NULL AND {condition} AND {head}"
         );
         let mut tx = self.pool.begin().await?;
         let audit_id = audit.start(&mut tx, filter, report.matched).await?;
