@@ -78,7 +78,7 @@ pub(crate) async fn by_filter(
     if args.json {
         render::json(&report);
     } else {
-        render::action(&report, noun);
+        render::action(&report, noun, args.dry_run);
     }
     if report.matched == 0 {
         return Ok(ExitCode::from(1));

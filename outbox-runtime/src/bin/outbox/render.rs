@@ -131,14 +131,16 @@ pub(crate) fn replay(report: &ReplayReport, dry_run: bool) {
 }
 
 /// An action by filter: what matched (and its first ids), then what the database says was
-/// done.
-pub(crate) fn action(report: &ActionReport, noun: &str) {
+/// done (or, for `--dry-run`, that nothing was).
+pub(crate) fn action(report: &ActionReport, noun: &str, asked_dry_run: bool) {
     let more = if report.matched > report.first.len() as u64 { ", ..." } else { "" };
     let first =
         if report.first.is_empty() { String::new() } else { format!(": {}{more}", report.first.join(", ")) };
     println!("{} {noun} matched{first}", report.matched);
     if report.dry_run {
-        println!("dry run: nothing changed");
+        if asked_dry_run {
+            println!("dry run: nothing changed");
+        }
         return;
     }
     let done = if report.action == "discard" { "discarded" } else { "retried" };
