@@ -93,8 +93,7 @@ pub enum Error {
         table: String,
     },
     /// An inbox's table does not exist: its migrations have not run on this database. They
-    /// are the consumer's: its own binary creates them with
-    /// [`Inbox::migrator`](crate::inbox::Inbox::migrator).
+    /// are the consumer's: its own binary creates them with `inbox.migrator()`.
     #[error("table {table} does not exist: the inbox's migrations have not run on this database; the consumer's own binary creates its tables with `inbox.migrator().run(&pool)`")]
     InboxNotMigrated {
         /// The table, as `"schema"."table"`.
