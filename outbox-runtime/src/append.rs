@@ -198,23 +198,7 @@ impl Outbox {
     /// A missing outbox table, said as such (PostgreSQL says `relation ... does not exist`
     /// and points into the statement).
     fn not_migrated(&self, error: Error) -> Error {
-        match &error {
-            // undefined_table, about this table (not, say, one a user's trigger reads):
-            // PostgreSQL names it `relation "schema.table" does not exist`.
-            Error::Database(db)
-                if db.as_database_error().is_some_and(|d| {
-                    let names = self.names();
-                    let relation = d.message().split('"').nth(1);
-                    d.code().is_some_and(|c| c == "42P01")
-                        && relation.is_some_and(|r| {
-                            r == format!("{}.{}", names.schema, names.table) || r == names.table
-                        })
-                }) =>
-            {
-                Error::NotMigrated { table: self.names().outbox.clone() }
-            }
-            _ => error,
-        }
+        self.names().not_migrated(error)
     }
 
     async fn insert(&self, conn: &mut PgConnection, events: &[NewEvent]) -> Result<()> {

@@ -92,6 +92,13 @@ pub enum Error {
         /// The table, as `"schema"."table"`.
         table: String,
     },
+    /// An inbox's table does not exist: its migrations have not run on this database. They
+    /// are the consumer's: its own binary creates them with `inbox.migrator()`.
+    #[error("table {table} does not exist: the inbox's migrations have not run on this database; the consumer's own binary creates its tables with `inbox.migrator().run(&pool)`")]
+    InboxNotMigrated {
+        /// The table, as `"schema"."table"`.
+        table: String,
+    },
     /// [`Harness::settle`](crate::testing::Harness::settle) gave up, or the relay or
     /// inbox it runs stopped.
     #[cfg(feature = "testing")]

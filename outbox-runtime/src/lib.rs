@@ -54,6 +54,8 @@
 extern crate self as outbox_runtime;
 
 #[cfg(feature = "runtime")]
+pub mod action;
+#[cfg(feature = "runtime")]
 mod append;
 pub mod asyncapi;
 #[cfg(feature = "runtime")]

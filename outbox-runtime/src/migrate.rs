@@ -115,6 +115,14 @@ CREATE INDEX {blocked} ON {outbox} (aggregate_type, aggregate_id, id)
 "#,
         blocked = names.index("blocked"),
     );
+    let v4 = format!(
+        r#"
+-- When an event failed, for operators' actions by time (NULL for events failed before).
+-- A nullable column without a default: no table rewrite.
+ALTER TABLE {outbox} ADD COLUMN failed_at timestamptz;
+{audit}"#,
+        audit = crate::action::audit_table_sql(&names.audit, ""),
+    );
     vec![
         Migration::new(
             1,
@@ -135,6 +143,13 @@ CREATE INDEX {blocked} ON {outbox} (aggregate_type, aggregate_id, id)
             "index of blocking rows".into(),
             MigrationType::Simple,
             AssertSqlSafe(v3).into_sql_str(),
+            false,
+        ),
+        Migration::new(
+            4,
+            "time of failure, operators' audit".into(),
+            MigrationType::Simple,
+            AssertSqlSafe(v4).into_sql_str(),
             false,
         ),
     ]

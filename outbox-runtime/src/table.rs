@@ -23,6 +23,28 @@ pub(crate) fn validate_identifier(what: &'static str, value: &str) -> Result<()>
     }
 }
 
+/// The relation an `undefined_table` error (SQLSTATE 42P01) names, as PostgreSQL spells it
+/// in `relation "schema.table" does not exist` (or `"table"` when unqualified).
+pub(crate) fn undefined_relation(error: &Error) -> Option<&str> {
+    let Error::Database(e) = error else { return None };
+    let db = e.as_database_error()?;
+    if db.code().as_deref() != Some("42P01") {
+        return None;
+    }
+    db.message().split('"').nth(1)
+}
+
+/// The quoted `"schema"."<table><suffix>"` of the first suffix whose table `error` says
+/// does not exist, if it is one of these (and not, say, a table a user's trigger reads).
+pub(crate) fn missing_table(error: &Error, schema: &str, table: &str, suffixes: &[&str]) -> Option<String> {
+    let relation = undefined_relation(error)?;
+    suffixes.iter().find_map(|suffix| {
+        let name = format!("{table}{suffix}");
+        (relation == format!("{schema}.{name}") || relation == name)
+            .then(|| format!("\"{schema}\".\"{name}\""))
+    })
+}
+
 /// Quoted, schema-qualified names of the outbox's objects.
 #[derive(Debug, Clone)]
 pub(crate) struct Names {
@@ -36,6 +58,8 @@ pub(crate) struct Names {
     pub(crate) relays: String,
     /// `"schema"."table_cleaned"`: what cleanup and purge deleted, counted.
     pub(crate) cleaned: String,
+    /// `"schema"."table_audit"`: operators' actions by filter.
+    pub(crate) audit: String,
     /// The NOTIFY channel: `schema.table`.
     pub(crate) channel: String,
 }
@@ -51,6 +75,7 @@ impl Names {
             leases: format!("\"{schema}\".\"{table}_leases\""),
             relays: format!("\"{schema}\".\"{table}_relays\""),
             cleaned: format!("\"{schema}\".\"{table}_cleaned\""),
+            audit: format!("\"{schema}\".\"{table}_audit\""),
             channel: format!("{schema}.{table}"),
         })
     }
@@ -58,6 +83,20 @@ impl Names {
     /// `"schema"."<table>_<suffix>"`, for migration bookkeeping and the like.
     pub(crate) fn sibling(&self, suffix: &str) -> String {
         format!("\"{}\".\"{}_{suffix}\"", self.schema, self.table)
+    }
+
+    /// The outbox's error for a missing table of its own: [`Error::NotMigrated`] naming it;
+    /// any other error as it is.
+    pub(crate) fn not_migrated(&self, error: Error) -> Error {
+        match missing_table(
+            &error,
+            &self.schema,
+            &self.table,
+            &["", "_leases", "_relays", "_cleaned", "_audit"],
+        ) {
+            Some(table) => Error::NotMigrated { table },
+            None => error,
+        }
     }
 
     /// An index name: `<table>_<suffix>` (unqualified, as CREATE INDEX wants).

@@ -105,7 +105,12 @@ async fn malformed_messages_are_parked_with_reasons_and_other_keys_flow(pool: Pg
     };
     assert_eq!(reason_of("bad-1", "parked"), "missing header ce_id");
     assert!(reason_of("bad-2", "parked").starts_with("payload is not JSON"));
-    assert_eq!(reason_of("bad-3", "parked"), "no handler for event type test.unknown version 1");
+    assert_eq!(
+        reason_of("bad-3", "parked"),
+        "no handler for event type test.unknown version 1 (this consumer handles test.credit v1; ignores \
+         test.audit): to skip it on purpose, add `Handlers::ignore(\"test.unknown\")`; to apply it, register a \
+         handler with `Handlers::on`"
+    );
     assert!(reason_of("bad-4", "parked").starts_with("payload does not decode as test.credit v1"));
     assert!(reason_of("bad-1", "held").starts_with("held behind parked message"));
     assert_eq!(reason_of("bad-5", "parked"), "header ce_type contains a NUL byte: not storable as text");

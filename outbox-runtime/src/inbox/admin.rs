@@ -6,6 +6,8 @@
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 
+mod bulk;
+
 use super::store::{InboxNames, Store};
 use super::ParkedMessage;
 use crate::error::{Error, Result};
@@ -38,8 +40,47 @@ impl InboxAdmin {
         InboxAdmin { pool, names, consumer }
     }
 
+    /// The consumers that have rows in this inbox's tables (applied, parked or tracked
+    /// aggregates), sorted: the names an operator can act on. Reads the inbox's primary
+    /// key by skipping from one consumer to the next, so it costs one probe per consumer,
+    /// not a scan of the inbox.
+    pub async fn consumers(&self) -> Result<Vec<String>> {
+        let skip = |t: &str| {
+            format!(
+                "(WITH RECURSIVE c(consumer) AS (SELECT min(consumer) FROM {t} UNION ALL \
+                   SELECT (SELECT min(consumer) FROM {t} WHERE consumer > c.consumer) FROM c \
+                   WHERE c.consumer IS NOT NULL) \
+                 SELECT consumer FROM c WHERE consumer IS NOT NULL)"
+            )
+        };
+        let sql = format!(
+            "{} UNION {} UNION (SELECT DISTINCT consumer FROM {}) ORDER BY 1",
+            skip(&self.names.inbox),
+            skip(&self.names.aggregates),
+            self.names.parked
+        );
+        sqlx::query_scalar(AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.names.not_migrated(e.into()))
+    }
+
+    /// The pool it works on.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The consumer this admin operates.
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+
     /// Parked and held messages, oldest first.
     pub async fn parked(&self) -> Result<Vec<ParkedMessage>> {
+        self.parked_unchecked().await.map_err(|e| self.names.not_migrated(e))
+    }
+
+    async fn parked_unchecked(&self) -> Result<Vec<ParkedMessage>> {
         let sql = format!(
             "SELECT id, status, reason, topic, kafka_partition, kafka_offset, record_key, event_type, payload, \
                     retry_requested_at IS NOT NULL \
@@ -84,6 +125,10 @@ impl InboxAdmin {
     /// Asks the running consumer to apply parked message `id` again, then the messages held
     /// behind it. Fails when `id` is not parked or is held behind an earlier message.
     pub async fn request_retry(&self, id: i64) -> Result<()> {
+        self.request_retry_unchecked(id).await.map_err(|e| self.names.not_migrated(e))
+    }
+
+    async fn request_retry_unchecked(&self, id: i64) -> Result<()> {
         let mut tx = self.pool.begin().await?;
         self.first_open(&mut tx, id).await?;
         sqlx::query(AssertSqlSafe(format!(
@@ -101,9 +146,20 @@ impl InboxAdmin {
     /// its event is absorbed. The messages held behind it are handed to the running
     /// consumer, which applies them in order.
     pub async fn discard(&self, id: i64, reason: &str) -> Result<Discarded> {
+        self.discard_unchecked(id, reason).await.map_err(|e| self.names.not_migrated(e))
+    }
+
+    async fn discard_unchecked(&self, id: i64, reason: &str) -> Result<Discarded> {
         let mut tx = self.pool.begin().await?;
-        let hold_key = self.first_open(&mut tx, id).await?;
-        discard_row(&mut tx, &self.names, id, reason).await?;
+        let discarded = self.discard_in(&mut tx, id, reason).await?;
+        tx.commit().await?;
+        Ok(discarded)
+    }
+
+    /// [`InboxAdmin::discard`] in `tx`.
+    async fn discard_in(&self, tx: &mut PgConnection, id: i64, reason: &str) -> Result<Discarded> {
+        let hold_key = self.first_open(&mut *tx, id).await?;
+        discard_row(&mut *tx, &self.names, id, reason).await?;
         let parked = &self.names.parked;
         let held_behind: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT count(*) FROM {parked} WHERE consumer = $1 AND hold_key = $2 AND status IN ('parked', 'held')"
@@ -120,7 +176,6 @@ impl InboxAdmin {
         .bind(hold_key.as_deref())
         .execute(&mut *tx)
         .await?;
-        tx.commit().await?;
         Ok(Discarded { held_behind })
     }
 
@@ -164,22 +219,51 @@ impl InboxAdmin {
             return Err(Error::NotFound(format!("no parked message {id} for consumer {}", self.consumer)));
         };
         Store::new(&self.names, &self.consumer).lock(tx, &topic, key.as_deref()).await?;
-        let earlier: bool = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT EXISTS (SELECT 1 FROM {parked} WHERE consumer = $1 AND hold_key = $2 \
-                AND status IN ('parked', 'held') AND id < $3)"
-        )))
-        .bind(&self.consumer)
-        .bind(hold_key.as_deref())
-        .bind(id)
-        .fetch_one(&mut *tx)
-        .await?;
-        if earlier {
-            return Err(Error::Conflict(format!(
-                "message {id} is held behind an earlier one of its key: release that first"
-            )));
+        if let Some(conflict) = held_behind(tx, &self.names, &self.consumer, hold_key.as_deref(), id).await? {
+            return Err(conflict);
         }
         Ok(hold_key)
     }
+}
+
+/// The longest part of a blocker's reason quoted in a conflict, in characters.
+const QUOTED_REASON_CHARS: usize = 300;
+
+/// When parked message `id` is held behind an earlier open message of its key: the
+/// [`Error::Conflict`] naming that one (the first open message of the key, the only one
+/// that can be released), what it is, why it is parked and how to release it.
+pub(crate) async fn held_behind(
+    conn: &mut PgConnection,
+    names: &InboxNames,
+    consumer: &str,
+    hold_key: Option<&[u8]>,
+    id: i64,
+) -> Result<Option<Error>> {
+    type Row = (i64, String, String, i32, i64, Option<String>, String);
+    let head: Option<Row> = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT id, status, topic, kafka_partition, kafka_offset, event_type, reason FROM {} \
+         WHERE consumer = $1 AND hold_key = $2 AND status IN ('parked', 'held') AND id < $3 ORDER BY id LIMIT 1",
+        names.parked
+    )))
+    .bind(consumer)
+    .bind(hold_key)
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(head.map(|(head, status, topic, partition, offset, event_type, reason)| {
+        let mut quoted: String = reason.chars().take(QUOTED_REASON_CHARS).collect();
+        if quoted.len() < reason.len() {
+            quoted.push('…');
+        }
+        Error::Conflict(format!(
+            "message {id} is held behind parked message {head} of its key: {status}, topic {topic}, partition \
+             {partition}, offset {offset}, event type {}, reason: {quoted}. Release that one first: \
+             `outbox inbox --consumer {consumer} retry {head}` once its cause is fixed, or \
+             `outbox inbox --consumer {consumer} discard {head} --reason R --yes` (in code, \
+             `retry_parked({head})` or `discard_parked({head}, reason)`)",
+            event_type.as_deref().unwrap_or("unknown"),
+        ))
+    }))
 }
 
 /// Marks parked row `id` discarded and records its event id, so that a later delivery of

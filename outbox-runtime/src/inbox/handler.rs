@@ -313,6 +313,9 @@ impl<H: RawHandler> Erased for Raw<H> {
     }
 }
 
+/// The registered or ignored types a "no handler" reason lists at most, each.
+const LISTED_TYPES: usize = 20;
+
 /// Handlers by (event_type, schema_version), plus an optional fallback.
 #[derive(Clone, Default)]
 pub struct Handlers {
@@ -375,10 +378,43 @@ impl Handlers {
         self
     }
 
-    /// The event types ignored on purpose.
-    #[cfg(feature = "testing")]
-    pub(crate) fn ignored_types(&self) -> &BTreeSet<String> {
-        &self.ignored
+    /// The (event type, schema version) pairs that have a typed handler, in order.
+    pub fn registered(&self) -> impl Iterator<Item = (&str, u32)> + '_ {
+        self.typed.keys().map(|(event_type, version)| (event_type.as_str(), *version))
+    }
+
+    /// The event types skipped on purpose ([`Handlers::ignore`]), in order.
+    pub fn ignored_types(&self) -> impl Iterator<Item = &str> + '_ {
+        self.ignored.iter().map(String::as_str)
+    }
+
+    /// Why a message of `event_type` at `schema_version` is parked when nothing handles it:
+    /// what is registered (at most [`LISTED_TYPES`] of each list) and the two ways out,
+    /// `Handlers::ignore` to skip it on purpose or a handler to apply it.
+    pub(crate) fn unhandled_reason(&self, event_type: &str, schema_version: u32) -> String {
+        fn list<'a>(items: impl ExactSizeIterator<Item = String> + 'a) -> String {
+            let n = items.len();
+            let mut shown: Vec<String> = items.take(LISTED_TYPES).collect();
+            if n > LISTED_TYPES {
+                shown.push(format!("and {} more", n - LISTED_TYPES));
+            }
+            shown.join(", ")
+        }
+        let handled = if self.typed.is_empty() {
+            "no event type".to_owned()
+        } else {
+            list(self.typed.keys().map(|(t, v)| format!("{t} v{v}")))
+        };
+        let ignored = if self.ignored.is_empty() {
+            String::new()
+        } else {
+            format!("; ignores {}", list(self.ignored.iter().cloned()))
+        };
+        format!(
+            "no handler for event type {event_type} version {schema_version} (this consumer handles {handled}{ignored}): \
+             to skip it on purpose, add `Handlers::ignore({event_type:?})`; to apply it, register a handler with \
+             `Handlers::on`"
+        )
     }
 
     /// A typed handler first, then an ignored type, then the fallback.

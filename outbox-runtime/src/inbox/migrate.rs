@@ -8,7 +8,7 @@ use super::{Inbox, InboxNames};
 impl Inbox {
     /// A migrator creating the inbox tables.
     pub fn migrator(&self) -> Migrator {
-        let InboxNames { inbox, parked, aggregates, schema, table } = &self.names;
+        let InboxNames { inbox, parked, aggregates, audit, schema, table } = &self.names;
         let v1 = format!(
             r#"
 -- One row per (consumer, event) applied: the dedup key, plus what diagnosing needs.
@@ -128,7 +128,20 @@ ALTER TABLE {inbox} ADD COLUMN ce_id text, ADD COLUMN ce_source text;
             AssertSqlSafe(v4).into_sql_str(),
             false,
         );
-        let mut migrator = Migrator::with_migrations(vec![migration, migration2, migration3, migration4]);
+        let v5 = format!(
+            r#"
+{audit_table}"#,
+            audit_table = crate::action::audit_table_sql(audit, "    consumer text NOT NULL,\n"),
+        );
+        let migration5 = Migration::new(
+            5,
+            "operators' audit".into(),
+            MigrationType::Simple,
+            AssertSqlSafe(v5).into_sql_str(),
+            false,
+        );
+        let mut migrator =
+            Migrator::with_migrations(vec![migration, migration2, migration3, migration4, migration5]);
         migrator.create_schema(schema.clone());
         migrator.dangerous_set_table_name(format!("\"{schema}\".\"{table}_migrations\""));
         migrator

@@ -62,12 +62,14 @@ pub use self::retention::{judge as judge_retention, judge_topic, RetentionVerdic
 pub use self::stats::InboxStats;
 pub(crate) use self::store::InboxNames;
 use self::store::Store;
+pub use crate::action::{ActionFilter, ActionReport};
 use crate::error::Result;
 
 type Bytes = Vec<u8>;
 
-/// A parked or held message, for operators.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A parked or held message, for operators. Its `Debug` shows the payload's length, never
+/// its bytes (logs never carry payloads), and the key as text (hex when it is not UTF-8).
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ParkedMessage {
     /// Its id in the parked table.
@@ -90,6 +92,27 @@ pub struct ParkedMessage {
     pub event_type: Option<String>,
     /// The raw payload.
     pub payload: Vec<u8>,
+}
+
+impl std::fmt::Debug for ParkedMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let key = self.record_key.as_deref().map(|key| match std::str::from_utf8(key) {
+            Ok(text) => format!("{text:?}"),
+            Err(_) => format!("0x{}", key.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+        });
+        f.debug_struct("ParkedMessage")
+            .field("id", &self.id)
+            .field("retry_requested", &self.retry_requested)
+            .field("status", &self.status)
+            .field("reason", &self.reason)
+            .field("topic", &self.topic)
+            .field("kafka_partition", &self.kafka_partition)
+            .field("kafka_offset", &self.kafka_offset)
+            .field("record_key", &format_args!("{}", key.as_deref().unwrap_or("None")))
+            .field("event_type", &self.event_type)
+            .field("payload", &format_args!("<{} bytes>", self.payload.len()))
+            .finish()
+    }
 }
 
 /// An inbox consumer. See the [module documentation](self).
@@ -174,5 +197,38 @@ impl Inbox {
     /// Parked and held messages, oldest first.
     pub async fn parked(&self) -> Result<Vec<ParkedMessage>> {
         self.admin().parked().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ParkedMessage;
+
+    /// Logs never carry payloads: `Debug` gives the payload's length, and the key as text
+    /// (or hex when it is not UTF-8), not byte arrays.
+    #[test]
+    fn a_parked_message_debugs_without_its_payload() {
+        let mut message = ParkedMessage {
+            id: 1,
+            retry_requested: false,
+            status: "parked".into(),
+            reason: "handler failed".into(),
+            topic: "orders".into(),
+            kafka_partition: 0,
+            kafka_offset: 7,
+            record_key: Some(b"order-1".to_vec()),
+            event_type: Some("order.confirmed".into()),
+            payload: b"{\"card\":\"4111\"}".to_vec(),
+        };
+        let shown = format!("{message:?}");
+        assert!(
+            shown.contains("record_key: \"order-1\"") && shown.contains("payload: <15 bytes>"),
+            "{shown}"
+        );
+        assert!(!shown.contains("4111") && !shown.contains("123,"), "{shown}");
+        message.record_key = Some(vec![0xff, 0x00, 0x10]);
+        assert!(format!("{message:?}").contains("record_key: 0xff0010"), "{message:?}");
+        message.record_key = None;
+        assert!(format!("{message:?}").contains("record_key: None"), "{message:?}");
     }
 }

@@ -90,10 +90,22 @@ impl Inbox {
                     self.config.consumer
                 )))
             }
-            Some((.., false)) => {
-                return Err(Error::Conflict(format!(
-                    "message {id} is held behind an earlier one of its key: release that first"
-                )))
+            Some((_, _, hold_key, false)) => {
+                let mut conn = self.pool.acquire().await?;
+                let conflict = admin::held_behind(
+                    &mut conn,
+                    &self.names,
+                    &self.config.consumer,
+                    hold_key.as_deref(),
+                    id,
+                )
+                .await?;
+                // Released between the two reads: the caller may simply try again.
+                return Err(conflict.unwrap_or_else(|| {
+                    Error::Conflict(format!(
+                        "message {id} was held behind an earlier one of its key a moment ago: try again"
+                    ))
+                }));
             }
             Some((topic, key, hold_key, true)) => (topic, key, hold_key),
         };
@@ -145,11 +157,13 @@ impl Inbox {
                 raw_headers,
             )
             .for_consumer(&self.store.consumer_name);
-            match self
+            let outcome = self
                 .store
                 .apply(&self.pool, tx, &self.handlers, &incoming, Some((row_id, "retried")))
-                .await?
-            {
+                .await?;
+            // Counted as the consumer counts what it reads: an applied release is applied.
+            self.stats.record(&self.config.consumer, &outcome);
+            match outcome {
                 Outcome::Parked(reason) => {
                     released.parked_again = Some(reason);
                     return Ok(released);

@@ -18,7 +18,8 @@ pub struct InboxStats {
 }
 
 impl InboxStats {
-    /// Effects applied.
+    /// Effects applied, by the consumer or by an operator's release (`retry_parked`, a
+    /// requested retry): every outcome of a release is counted as the consumer counts it.
     pub fn applied(&self) -> u64 {
         self.applied.load(Ordering::Relaxed)
     }

@@ -54,6 +54,10 @@ impl Ops {
     /// process. Its cost grows with the unpublished events and the events of the last
     /// 5 minutes, not with the table.
     pub async fn record_gauges(&self, pool: &PgPool) -> Result<Gauges> {
+        self.record_gauges_unchecked(pool).await.map_err(|e| self.names().not_migrated(e))
+    }
+
+    async fn record_gauges_unchecked(&self, pool: &PgPool) -> Result<Gauges> {
         let t = &self.names().outbox;
         let window = DEFAULT_RATE_WINDOW.as_secs_f64();
         let sql = format!(

@@ -13,12 +13,14 @@ use crate::capacity::seconds_to_full;
 use crate::error::Result;
 use crate::outbox::Outbox;
 
+mod bulk;
 mod deprecated;
 mod gauges;
 mod purge;
 mod reconcile;
 mod replay;
 
+pub use crate::action::{ActionFilter, ActionReport};
 pub use gauges::Gauges;
 pub use reconcile::{InboxSide, Reconciliation, ReconciliationRow};
 pub use replay::{ReplayFilter, ReplayReport};
@@ -194,6 +196,28 @@ impl Ops {
 }
 
 impl Ops {
+    /// Checks that this outbox's tables exist: [`Error::NotMigrated`](crate::Error::NotMigrated)
+    /// naming the first missing one otherwise (its migrations have not run, or the schema
+    /// or table name is not the one they ran with).
+    pub async fn check_migrated(&self, pool: &PgPool) -> Result<()> {
+        let names = self.names();
+        let sql = [&names.outbox, &names.leases, &names.relays, &names.cleaned, &names.audit]
+            .iter()
+            .map(|t| format!("(SELECT 1 FROM {t} LIMIT 0)"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        // The latest migration's column too: a relay marks failed events with it.
+        let sql = format!("SELECT {sql}, (SELECT failed_at FROM {} LIMIT 0)", names.outbox);
+        match sqlx::query(AssertSqlSafe(sql)).execute(pool).await {
+            Ok(_) => Ok(()),
+            // undefined_column: migrated, but not to the latest version.
+            Err(e) if e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "42703") => {
+                Err(crate::Error::NotMigrated { table: names.outbox.clone() })
+            }
+            Err(e) => Err(names.not_migrated(e.into())),
+        }
+    }
+
     /// Counts, the age of the oldest unpublished event, rates over the last 5 minutes,
     /// table size and the capacity forecast.
     pub async fn status(&self, pool: &PgPool) -> Result<Status> {
@@ -202,6 +226,10 @@ impl Ops {
 
     /// [`Ops::status`] with rates measured over `window`.
     pub async fn status_over(&self, pool: &PgPool, window: Duration) -> Result<Status> {
+        self.status_over_unchecked(pool, window).await.map_err(|e| self.names().not_migrated(e))
+    }
+
+    async fn status_over_unchecked(&self, pool: &PgPool, window: Duration) -> Result<Status> {
         let names = self.names();
         let sql = format!(
             "SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'failed'), \
@@ -289,6 +317,10 @@ impl Ops {
 
     /// Failed events, oldest first, with how many later events each holds back.
     pub async fn failed(&self, pool: &PgPool) -> Result<Vec<FailedEvent>> {
+        self.failed_unchecked(pool).await.map_err(|e| self.names().not_migrated(e))
+    }
+
+    async fn failed_unchecked(&self, pool: &PgPool) -> Result<Vec<FailedEvent>> {
         let t = &self.names().outbox;
         let sql = format!(
             "SELECT f.event_id, f.event_type, f.aggregate_type, f.aggregate_id, f.attempts, f.last_error, \
@@ -318,6 +350,10 @@ impl Ops {
     /// missing, a timeout), oldest first, at most `limit` of them, with their attempts,
     /// next attempt and last error; and how many there are in all.
     pub async fn retrying(&self, pool: &PgPool, limit: u32) -> Result<Retrying> {
+        self.retrying_unchecked(pool, limit).await.map_err(|e| self.names().not_migrated(e))
+    }
+
+    async fn retrying_unchecked(&self, pool: &PgPool, limit: u32) -> Result<Retrying> {
         let t = &self.names().outbox;
         // Exactly the pending half of the `blocked` index's predicate, so both use it.
         let waiting = "status = 'pending' AND next_attempt_at > '-infinity'";
@@ -337,6 +373,10 @@ impl Ops {
 
     /// Puts failed events back up for publication (due at once). Returns how many.
     pub async fn retry(&self, pool: &PgPool, target: &RetryTarget) -> Result<u64> {
+        self.retry_unchecked(pool, target).await.map_err(|e| self.names().not_migrated(e))
+    }
+
+    async fn retry_unchecked(&self, pool: &PgPool, target: &RetryTarget) -> Result<u64> {
         let t = &self.names().outbox;
         let set = "status = 'pending', next_attempt_at = '-infinity'";
         let query = match target {
@@ -358,6 +398,10 @@ impl Ops {
     /// Discards a failed or pending event: it will never be published, and the events of
     /// its aggregate behind it flow again. Returns whether an event was discarded.
     pub async fn discard(&self, pool: &PgPool, event_id: Uuid, reason: &str) -> Result<bool> {
+        self.discard_unchecked(pool, event_id, reason).await.map_err(|e| self.names().not_migrated(e))
+    }
+
+    async fn discard_unchecked(&self, pool: &PgPool, event_id: Uuid, reason: &str) -> Result<bool> {
         let sql = format!(
             "UPDATE {} SET status = 'discarded', last_error = 'discarded: ' || $2 \
              WHERE event_id = $1 AND status IN ('failed', 'pending')",

@@ -19,6 +19,18 @@ impl Ops {
         pool: &PgPool,
         older_than: Duration,
         batch_size: u32,
+        progress: impl FnMut(u64),
+    ) -> Result<u64> {
+        self.purge_unchecked(pool, older_than, batch_size, progress)
+            .await
+            .map_err(|e| self.names().not_migrated(e))
+    }
+
+    async fn purge_unchecked(
+        &self,
+        pool: &PgPool,
+        older_than: Duration,
+        batch_size: u32,
         mut progress: impl FnMut(u64),
     ) -> Result<u64> {
         check_batch_size("batch_size", batch_size)?;

@@ -153,6 +153,19 @@ impl Ops {
         until: SystemTime,
         inbox: Option<&InboxSide>,
     ) -> Result<Reconciliation> {
+        self.reconcile_unchecked(pool, since, until, inbox).await.map_err(|e| match inbox {
+            Some(side) => self.names().not_migrated(side.names.not_migrated(e)),
+            None => self.names().not_migrated(e),
+        })
+    }
+
+    async fn reconcile_unchecked(
+        &self,
+        pool: &PgPool,
+        since: SystemTime,
+        until: SystemTime,
+        inbox: Option<&InboxSide>,
+    ) -> Result<Reconciliation> {
         let (t, cleaned) = (&self.names().outbox, &self.names().cleaned);
         let (since, until) = (epoch_seconds(since), epoch_seconds(until));
         let present = format!(

@@ -68,6 +68,15 @@ impl Ops {
     /// duplicates. A dry run counts and changes nothing. Works in batches of 5,000 rows,
     /// oldest first; per aggregate, the relay publishes them in their original order.
     pub async fn replay(&self, pool: &PgPool, filter: &ReplayFilter, dry_run: bool) -> Result<ReplayReport> {
+        self.replay_unchecked(pool, filter, dry_run).await.map_err(|e| self.names().not_migrated(e))
+    }
+
+    async fn replay_unchecked(
+        &self,
+        pool: &PgPool,
+        filter: &ReplayFilter,
+        dry_run: bool,
+    ) -> Result<ReplayReport> {
         let (t, cleaned) = (&self.names().outbox, &self.names().cleaned);
         let since = filter.since.map(epoch_seconds);
         let until = filter.until.map(epoch_seconds);

@@ -133,7 +133,7 @@ impl Statements {
                  WHERE o.id = ANY($1) AND o.id = d.id AND o.status = 'pending' AND o.work_partition = ANY($5)"
             )),
             failed: sql(format!(
-                "UPDATE {outbox} o SET status = 'failed', attempts = o.attempts + 1, last_error = d.err \
+                "UPDATE {outbox} o SET status = 'failed', attempts = o.attempts + 1, last_error = d.err, failed_at = now() \
                  FROM unnest($1::bigint[], $2::text[]) AS d(id, err) \
                  WHERE o.id = ANY($1) AND o.id = d.id AND o.status = 'pending' AND o.work_partition = ANY($3)"
             )),

@@ -134,7 +134,7 @@ impl Watched {
         let watched = Watched {
             consumer: config.consumer.clone(),
             topics: config.topics.iter().cloned().collect(),
-            ignored: inbox.handlers().ignored_types().clone(),
+            ignored: inbox.handlers().ignored_types().map(str::to_owned).collect(),
             pool: inbox.pool().clone(),
             inbox_table: names.inbox.clone(),
             parked_table: names.parked.clone(),

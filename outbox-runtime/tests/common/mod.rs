@@ -1,5 +1,7 @@
 //! What the `outbox` command line's tests (`cli.rs`, `cli_history.rs`) share: the event
 //! they append, the binary run against the test's database, and the rows they start from.
+// Each test crate uses its own share of these.
+#![allow(dead_code)]
 
 use std::process::{Command, Output};
 

@@ -18,14 +18,10 @@ use uuid::Uuid;
     after_help = "Exit codes: 0 done; 1 nothing matched, or reconcile found differences; 2 bad arguments or settings; 3 database, broker or metrics listener failure; 4 conflicts with the current state (release the earlier message first)."
 )]
 pub(crate) struct Cli {
-    /// PostgreSQL holding the outbox.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = outbox_runtime::DEFAULT_DATABASE_URL,
-        global = true
-    )]
-    pub(crate) database_url: String,
+    /// PostgreSQL holding the outbox (required: there is no default database). Its value
+    /// is never printed, in `--help` neither.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub(crate) database_url: Option<String>,
     /// Schema of the outbox tables.
     #[arg(long, default_value_t = OutboxConfig::default().get_schema().to_owned(), global = true)]
     pub(crate) schema: String,
@@ -146,6 +142,68 @@ pub(crate) enum FailedCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Puts failed events back up for publication: one by id, or every one a filter
+    /// matches (counted first; --yes to act).
+    Retry {
+        /// One failed event.
+        event_id: Option<Uuid>,
+        #[command(flatten)]
+        action: ActionArgs,
+    },
+    /// Discards failed events for good: one by id, or every one a filter matches (counted
+    /// first; --yes to act). The events of their aggregates behind them flow again.
+    Discard {
+        /// One failed event.
+        event_id: Option<Uuid>,
+        /// Why (kept with each event).
+        #[arg(long)]
+        reason: String,
+        #[command(flatten)]
+        action: ActionArgs,
+    },
+}
+
+/// An operator's action by filter: what it takes and how it runs.
+#[derive(Args)]
+pub(crate) struct ActionArgs {
+    /// Only this event type (repeatable: any of them).
+    #[arg(long = "event-type")]
+    pub(crate) event_types: Vec<String>,
+    /// Only this topic.
+    #[arg(long)]
+    pub(crate) topic: Option<String>,
+    /// Only those whose reason contains this text (without regard to case).
+    #[arg(long)]
+    pub(crate) reason_contains: Option<String>,
+    /// Failed (parked) at or after this time (a PostgreSQL timestamp, e.g. 2026-11-30T10:00:00Z).
+    #[arg(long)]
+    pub(crate) since: Option<String>,
+    /// Failed (parked) before this time.
+    #[arg(long)]
+    pub(crate) until: Option<String>,
+    /// Count and list the first matches; change nothing.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// Confirms the action (without it, a filter's matches are only counted).
+    #[arg(long)]
+    pub(crate) yes: bool,
+    /// Who acts, recorded in the audit table. Default: $USER, else "unknown".
+    #[arg(long)]
+    pub(crate) actor: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+impl ActionArgs {
+    /// Whether any filter flag is given.
+    pub(crate) fn filters(&self) -> bool {
+        !self.event_types.is_empty()
+            || self.topic.is_some()
+            || self.reason_contains.is_some()
+            || self.since.is_some()
+            || self.until.is_some()
+    }
 }
 
 #[derive(Args)]
@@ -242,21 +300,25 @@ pub(crate) enum InboxCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Asks the running consumer to apply a parked message again, then those held behind it.
+    /// Asks the running consumer to apply a parked message again, then those held behind
+    /// it: one by id, or every first message of its key a filter matches (counted first;
+    /// --yes to act).
     Retry {
         /// The parked message's id.
-        id: i64,
+        id: Option<i64>,
+        #[command(flatten)]
+        action: ActionArgs,
     },
-    /// Discards a parked message for good; the consumer applies those held behind it.
+    /// Discards parked messages for good; the consumer applies those held behind them: one
+    /// by id, or every one a filter matches, in order (counted first; --yes to act).
     Discard {
         /// The parked message's id.
-        id: i64,
+        id: Option<i64>,
         /// Why (kept with the message).
         #[arg(long)]
         reason: String,
-        /// Confirms the discard.
-        #[arg(long)]
-        yes: bool,
+        #[command(flatten)]
+        action: ActionArgs,
     },
 }
 

@@ -10,10 +10,13 @@ use outbox_runtime::secrets::redact_urls;
 use outbox_runtime::sqlx::postgres::PgPoolOptions;
 use outbox_runtime::sqlx::PgPool;
 use outbox_runtime::{CancellationToken, Capacity, Error, Outbox, OutboxConfig};
+use uuid::Uuid;
 
-use crate::args::{Cli, Command, FailedCommand, InboxArgs, InboxCommand, ReconcileArgs, RelayArgs};
-use crate::render;
-use crate::Fail;
+use crate::act::{self, Target};
+use crate::args::{
+    ActionArgs, Cli, Command, FailedCommand, InboxArgs, InboxCommand, ReconcileArgs, RelayArgs,
+};
+use crate::{fail, hint, render, Fail};
 
 pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
     let mut config = OutboxConfig::default().schema(&cli.schema).table(&cli.table);
@@ -24,8 +27,18 @@ pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
         config = config.capacity(Capacity::Bytes(bytes));
     }
     let outbox = Outbox::new(config)?;
-    let pool = connect(&cli.database_url).await?;
-    match cli.command {
+    let Some(url) = cli.database_url.as_deref() else {
+        return Err(fail(2, "no database given: set --database-url or DATABASE_URL"));
+    };
+    let pool = connect(url).await?;
+    match dispatch(outbox, pool.clone(), cli.command).await {
+        Err(failure) => Err(hint::explain(&pool, failure).await),
+        done => done,
+    }
+}
+
+async fn dispatch(outbox: Outbox, pool: PgPool, command: Command) -> Result<ExitCode, Fail> {
+    match command {
         Command::Migrate => {
             outbox.migrator().run(&pool).await.map_err(Error::from)?;
             println!("outbox tables are up to date");
@@ -38,6 +51,20 @@ pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
             } else {
                 render::status(&status);
             }
+        }
+        Command::Failed(FailedCommand::Retry { event_id: Some(id), action }) => {
+            refuse_filters_with_an_id(&action)?;
+            return retry(&outbox, &pool, &RetryTarget::Event(id)).await;
+        }
+        Command::Failed(FailedCommand::Retry { event_id: None, action }) => {
+            return act::by_filter(&pool, Target::Failed(&outbox.ops()), None, action).await;
+        }
+        Command::Failed(FailedCommand::Discard { event_id: Some(id), reason, action }) => {
+            refuse_filters_with_an_id(&action)?;
+            return discard(&outbox, &pool, id, &reason, action.yes).await;
+        }
+        Command::Failed(FailedCommand::Discard { event_id: None, reason, action }) => {
+            return act::by_filter(&pool, Target::Failed(&outbox.ops()), Some(&reason), action).await;
         }
         Command::Failed(FailedCommand::List { json }) => {
             let failed = outbox.ops().failed(&pool).await?;
@@ -61,23 +88,10 @@ pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
                 (_, Some(aggregate), _) => RetryTarget::Aggregate(aggregate),
                 _ => RetryTarget::AllFailed,
             };
-            let n = outbox.ops().retry(&pool, &target).await?;
-            println!("{n} failed event(s) put back up for publication");
-            if n == 0 {
-                return Ok(ExitCode::from(1));
-            }
+            return retry(&outbox, &pool, &target).await;
         }
         Command::Discard { event_id, reason, yes } => {
-            if !yes {
-                return Err(Fail(
-                    2,
-                    format!("discarding {event_id} means it is never published; add --yes to confirm"),
-                ));
-            }
-            if !outbox.ops().discard(&pool, event_id, &reason).await? {
-                return Err(Fail(1, format!("no failed or pending event {event_id}")));
-            }
-            println!("discarded {event_id}: {reason}");
+            return discard(&outbox, &pool, event_id, &reason, yes).await
         }
         Command::Replay(args) => {
             let f = args.filter;
@@ -114,6 +128,40 @@ pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
     Ok(ExitCode::SUCCESS)
 }
 
+async fn retry(outbox: &Outbox, pool: &PgPool, target: &RetryTarget) -> Result<ExitCode, Fail> {
+    let n = outbox.ops().retry(pool, target).await?;
+    println!("{n} failed event(s) put back up for publication");
+    Ok(if n == 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+async fn discard(
+    outbox: &Outbox,
+    pool: &PgPool,
+    event_id: Uuid,
+    reason: &str,
+    yes: bool,
+) -> Result<ExitCode, Fail> {
+    if !yes {
+        return Err(fail(
+            2,
+            format!("discarding {event_id} means it is never published; add --yes to confirm"),
+        ));
+    }
+    if !outbox.ops().discard(pool, event_id, reason).await? {
+        return Err(fail(1, format!("no failed or pending event {event_id}")));
+    }
+    println!("discarded {event_id}: {reason}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// An id and a filter together are ambiguous: refused.
+fn refuse_filters_with_an_id(args: &ActionArgs) -> Result<(), Fail> {
+    if args.filters() || args.dry_run {
+        return Err(fail(2, "give an id or a filter (with --dry-run), not both"));
+    }
+    Ok(())
+}
+
 pub(crate) async fn relay(outbox: Outbox, pool: PgPool, args: RelayArgs) -> Result<ExitCode, Fail> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -130,6 +178,7 @@ pub(crate) async fn relay(outbox: Outbox, pool: PgPool, args: RelayArgs) -> Resu
         .source(args.source)
         .dataschema_base(args.dataschema_base)
         .cleanup(cleanup);
+    outbox.ops().check_migrated(&pool).await?;
     let relay = Relay::new(pool, outbox, config)?;
     let shutdown = CancellationToken::new();
     outbox_runtime::signal::cancel_on_signal(shutdown.clone());
@@ -141,7 +190,7 @@ pub(crate) async fn reconcile(outbox: &Outbox, pool: &PgPool, args: ReconcileArg
     let since = parse_time(pool, "--since", &args.since).await?;
     let until = parse_time(pool, "--until", &args.until).await?;
     if until <= since {
-        return Err(Fail(2, format!("--until {:?} is not after --since {:?}", args.until, args.since)));
+        return Err(fail(2, format!("--until {:?} is not after --since {:?}", args.until, args.since)));
     }
     let inbox = match (&args.consumer, &args.inbox_database_url) {
         (Some(consumer), Some(url)) => {
@@ -166,6 +215,7 @@ pub(crate) async fn reconcile(outbox: &Outbox, pool: &PgPool, args: ReconcileArg
 
 pub(crate) async fn inbox(pool: PgPool, args: InboxArgs) -> Result<ExitCode, Fail> {
     let admin = InboxAdmin::new(pool, &args.inbox_schema, &args.inbox_table, &args.consumer)?;
+    hint::known_consumer(&admin).await?;
     match args.command {
         InboxCommand::Parked { json } => {
             let parked = admin.parked().await?;
@@ -175,16 +225,24 @@ pub(crate) async fn inbox(pool: PgPool, args: InboxArgs) -> Result<ExitCode, Fai
                 render::parked(&parked, &args.consumer);
             }
         }
-        InboxCommand::Retry { id } => {
+        InboxCommand::Retry { id: None, action } => {
+            return act::by_filter(admin.pool(), Target::Parked(&admin), None, action).await;
+        }
+        InboxCommand::Discard { id: None, reason, action } => {
+            return act::by_filter(admin.pool(), Target::Parked(&admin), Some(&reason), action).await;
+        }
+        InboxCommand::Retry { id: Some(id), action } => {
+            refuse_filters_with_an_id(&action)?;
             admin.request_retry(id).await?;
             println!(
                 "retry of parked message {id} requested; the running consumer {} carries it out",
                 args.consumer
             );
         }
-        InboxCommand::Discard { id, reason, yes } => {
-            if !yes {
-                return Err(Fail(
+        InboxCommand::Discard { id: Some(id), reason, action } => {
+            refuse_filters_with_an_id(&action)?;
+            if !action.yes {
+                return Err(fail(
                     2,
                     format!("discarding parked message {id} means it never applies; add --yes to confirm"),
                 ));
@@ -205,7 +263,7 @@ pub(crate) async fn connect(url: &str) -> Result<PgPool, Fail> {
         .acquire_timeout(Duration::from_secs(5))
         .connect(url)
         .await
-        .map_err(|e| Fail(3, format!("cannot connect to {}: {e}", redact_urls(url))))
+        .map_err(|e| fail(3, format!("cannot connect to {}: {e}", redact_urls(url))))
 }
 
 /// Reads a timestamp the way PostgreSQL does, so every form it accepts works here.
@@ -215,8 +273,8 @@ pub(crate) async fn parse_time(pool: &PgPool, flag: &str, text: &str) -> Result<
         .fetch_one(pool)
         .await
         .map_err(|e| match e.as_database_error() {
-            Some(db) => Fail(2, format!("invalid {flag} {text:?}: {}", db.message())),
-            None => Fail(3, e.to_string()),
+            Some(db) => fail(2, format!("invalid {flag} {text:?}: {}", db.message())),
+            None => fail(3, e.to_string()),
         })?;
     // -infinity and infinity stand for "from the beginning" and "until the end".
     let far = Duration::from_secs(100_000_000_000);
@@ -229,7 +287,7 @@ pub(crate) async fn parse_time(pool: &PgPool, flag: &str, text: &str) -> Result<
     } else {
         Duration::try_from_secs_f64(-seconds).ok().and_then(|d| UNIX_EPOCH.checked_sub(d))
     };
-    time.ok_or_else(|| Fail(2, format!("invalid {flag} {text:?}: out of range")))
+    time.ok_or_else(|| fail(2, format!("invalid {flag} {text:?}: out of range")))
 }
 
 pub(crate) async fn parse_optional_time(

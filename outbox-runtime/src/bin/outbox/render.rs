@@ -1,7 +1,7 @@
 //! How results are shown: JSON for scripts, text for people.
 
 use outbox_runtime::inbox::ParkedMessage;
-use outbox_runtime::ops::{FailedEvent, Reconciliation, ReplayReport, Retrying, Status};
+use outbox_runtime::ops::{ActionReport, FailedEvent, Reconciliation, ReplayReport, Retrying, Status};
 use serde::Serialize;
 use tabled::builder::Builder;
 use tabled::settings::object::Columns;
@@ -128,6 +128,29 @@ pub(crate) fn replay(report: &ReplayReport, dry_run: bool) {
     } else {
         println!("{} put back up for publication with their original event ids", report.replayed);
     }
+}
+
+/// An action by filter: what matched (and its first ids), then what the database says was
+/// done (or, for `--dry-run`, that nothing was).
+pub(crate) fn action(report: &ActionReport, noun: &str, asked_dry_run: bool) {
+    let more = if report.matched > report.first.len() as u64 { ", ..." } else { "" };
+    let first =
+        if report.first.is_empty() { String::new() } else { format!(": {}{more}", report.first.join(", ")) };
+    println!("{} {noun} matched{first}", report.matched);
+    if report.dry_run {
+        if asked_dry_run {
+            println!("dry run: nothing changed");
+        }
+        return;
+    }
+    let done = if report.action == "discard" { "discarded" } else { "retried" };
+    let done = if report.action == "retry" && noun.starts_with("parked") { "retry requested" } else { done };
+    println!(
+        "{done}: {}; skipped: {} (no longer in the state matched){}",
+        report.applied,
+        report.skipped,
+        report.audit_id.map_or(String::new(), |id| format!("; audit row {id}"))
+    );
 }
 
 /// Counts per event type and hour, then the events published but not applied.

@@ -7,7 +7,7 @@ use tracing::{warn, Instrument as _};
 use super::handler::{Dispatch, Handlers, Meta, Resolved};
 use super::message::{raw_headers_json, Incoming};
 use super::spans;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::table::{sql, validate_identifier};
 
 /// Quoted names of the inbox's tables.
@@ -18,6 +18,8 @@ pub(crate) struct InboxNames {
     pub(crate) inbox: String,
     pub(crate) parked: String,
     pub(crate) aggregates: String,
+    /// Operators' actions by filter.
+    pub(crate) audit: String,
 }
 
 impl InboxNames {
@@ -31,7 +33,18 @@ impl InboxNames {
             inbox: q(""),
             parked: q("_parked"),
             aggregates: q("_aggregates"),
+            audit: q("_audit"),
         })
+    }
+
+    /// The inbox's error for a missing table of its own: [`Error::InboxNotMigrated`]
+    /// naming it; any other error as it is.
+    pub(crate) fn not_migrated(&self, error: Error) -> Error {
+        let suffixes = ["", "_parked", "_aggregates", "_audit"];
+        match crate::table::missing_table(&error, &self.schema, &self.table, &suffixes) {
+            Some(table) => Error::InboxNotMigrated { table },
+            None => error,
+        }
     }
 }
 
@@ -303,8 +316,7 @@ impl Store {
                 return Ok(Step::Commit(Outcome::Ignored));
             }
             Resolved::Unhandled => {
-                let reason =
-                    format!("no handler for event type {} version {}", meta.event_type, meta.schema_version);
+                let reason = handlers.unhandled_reason(&meta.event_type, meta.schema_version);
                 return Ok(Step::Commit(self.park_instead(tx, msg, &reason, resolves).await?));
             }
         };

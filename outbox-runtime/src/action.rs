@@ -1,0 +1,232 @@
+//! Operators' actions by filter, shared by the outbox ([`Ops::retry_failed`],
+//! [`Ops::discard_failed`]) and the inbox ([`InboxAdmin::retry_matching`],
+//! [`InboxAdmin::discard_matching`]): which rows an [`ActionFilter`] takes, what an
+//! action did ([`ActionReport`]), and the audit row every action leaves.
+//!
+//! Every action works the same way: the ids of the rows matching when it starts are read
+//! once (a row that matches later is not swept in), then changed in transactions of
+//! [`ACTION_BATCH`] rows, each checking again that its row is still in the state the
+//! filter matched (a row that is not is skipped and counted as such). The audit row
+//! (`<table>_audit`) is written with the first transaction and its counts kept with every
+//! later one, so it says what the database holds even when the action is interrupted. A
+//! repeated action finds nothing left to do.
+//!
+//! [`Ops::retry_failed`]: crate::ops::Ops::retry_failed
+//! [`Ops::discard_failed`]: crate::ops::Ops::discard_failed
+//! [`InboxAdmin::retry_matching`]: crate::inbox::InboxAdmin::retry_matching
+//! [`InboxAdmin::discard_matching`]: crate::inbox::InboxAdmin::discard_matching
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use sqlx::{AssertSqlSafe, PgConnection};
+
+use crate::error::Result;
+
+/// Rows changed per transaction by an action.
+pub const ACTION_BATCH: usize = 500;
+
+/// Ids listed in an [`ActionReport`] at most.
+pub const LISTED_IDS: usize = 10;
+
+/// Which failed events (outbox) or parked messages (inbox) an operator's action takes:
+/// every criterion given must hold; none given matches every one. Build it with the
+/// setters: `ActionFilter::default().event_type("invoice.issued").topic("invoices")`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ActionFilter {
+    /// Only these event types (any of them); empty: every type.
+    pub event_types: Vec<String>,
+    /// Only this topic.
+    pub topic: Option<String>,
+    /// Only rows whose reason (the outbox's last error, the inbox's parked reason)
+    /// contains this text, compared without regard to case.
+    pub reason_contains: Option<String>,
+    /// Failed (outbox) or parked (inbox) at or after this time. Events failed before the
+    /// outbox kept the time of failure count from their creation.
+    pub since: Option<SystemTime>,
+    /// Failed or parked before this time.
+    pub until: Option<SystemTime>,
+}
+
+impl ActionFilter {
+    /// Adds an event type (repeatable: any of them matches).
+    #[must_use]
+    pub fn event_type(mut self, event_type: impl Into<String>) -> Self {
+        self.event_types.push(event_type.into());
+        self
+    }
+
+    /// Only this topic.
+    #[must_use]
+    pub fn topic(mut self, topic: impl Into<String>) -> Self {
+        self.topic = Some(topic.into());
+        self
+    }
+
+    /// Only rows whose reason contains `text` (without regard to case).
+    #[must_use]
+    pub fn reason_contains(mut self, text: impl Into<String>) -> Self {
+        self.reason_contains = Some(text.into());
+        self
+    }
+
+    /// From this time on (inclusive).
+    #[must_use]
+    pub fn since(mut self, time: impl Into<Option<SystemTime>>) -> Self {
+        self.since = time.into();
+        self
+    }
+
+    /// Before this time.
+    #[must_use]
+    pub fn until(mut self, time: impl Into<Option<SystemTime>>) -> Self {
+        self.until = time.into();
+        self
+    }
+
+    /// The SQL condition on a table aliased `p` with its parameters from `$first`: event
+    /// types, topic, reason text, since, until, in that order (see [`ActionFilter::binds`]).
+    pub(crate) fn condition(first: usize, reason: &str, time: &str) -> String {
+        let [types, topic, text, since, until] = [0, 1, 2, 3, 4].map(|i| first + i);
+        format!(
+            "(${types}::text[] IS NULL OR p.event_type = ANY(${types})) \
+             AND (${topic}::text IS NULL OR p.topic = ${topic}) \
+             AND (${text}::text IS NULL OR strpos(lower(coalesce({reason}, '')), lower(${text})) > 0) \
+             AND (${since}::float8 IS NULL OR {time} >= to_timestamp(${since})) \
+             AND (${until}::float8 IS NULL OR {time} < to_timestamp(${until}))"
+        )
+    }
+
+    /// The values of [`ActionFilter::condition`]'s parameters.
+    pub(crate) fn binds(&self) -> Binds {
+        (
+            (!self.event_types.is_empty()).then(|| self.event_types.clone()),
+            self.topic.clone(),
+            self.reason_contains.clone(),
+            self.since.map(epoch_seconds),
+            self.until.map(epoch_seconds),
+        )
+    }
+}
+
+/// [`ActionFilter::condition`]'s parameter values: event types, topic, reason text, since
+/// and until (epoch seconds).
+pub(crate) type Binds = (Option<Vec<String>>, Option<String>, Option<String>, Option<f64>, Option<f64>);
+
+/// What an operator's action found and did: counts read back from the database, not
+/// what was asked for.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct ActionReport {
+    /// `retry` or `discard`.
+    pub action: &'static str,
+    /// Nothing was changed: `matched` and `first` say what a real run would take.
+    pub dry_run: bool,
+    /// Rows matching the filter when the action started.
+    pub matched: u64,
+    /// Rows the action changed.
+    pub applied: u64,
+    /// Matched rows left alone because they were no longer in the matched state when
+    /// their turn came (retried, discarded or released meanwhile; for the inbox, also a
+    /// message held behind an earlier one of its key that is not released first).
+    pub skipped: u64,
+    /// The first matched ids, at most [`LISTED_IDS`]: event ids (outbox) or parked
+    /// message ids (inbox).
+    pub first: Vec<String>,
+    /// The audit row written (none in a dry run).
+    pub audit_id: Option<i64>,
+}
+
+/// Seconds since the Unix epoch, negative before it.
+pub(crate) fn epoch_seconds(t: SystemTime) -> f64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_secs_f64(),
+        Err(before) => -before.duration().as_secs_f64(),
+    }
+}
+
+/// An action's audit row in `audit` (a quoted `<table>_audit`), written in its first
+/// transaction and kept up to date in every later one.
+pub(crate) struct Audit<'a> {
+    pub(crate) table: &'a str,
+    /// The inbox's consumer; `None` for the outbox.
+    pub(crate) consumer: Option<&'a str>,
+    pub(crate) actor: &'a str,
+    pub(crate) action: &'static str,
+    pub(crate) reason: Option<&'a str>,
+}
+
+impl Audit<'_> {
+    /// Inserts the row: the filter as JSON (times as PostgreSQL prints them), `matched`.
+    pub(crate) async fn start(
+        &self,
+        conn: &mut PgConnection,
+        filter: &ActionFilter,
+        matched: u64,
+    ) -> Result<i64> {
+        let consumer = if self.consumer.is_some() { "consumer, " } else { "" };
+        let value = if self.consumer.is_some() { "$10, " } else { "" };
+        let sql = format!(
+            "INSERT INTO {} ({consumer}actor, action, reason, matched, filter) \
+             VALUES ({value}$1, $2, $3, $4, jsonb_strip_nulls(jsonb_build_object('event_types', $5::text[], 'topic', $6::text, \
+                 'reason_contains', $7::text, 'since', to_timestamp($8::float8), 'until', to_timestamp($9::float8)))) \
+             RETURNING id",
+            self.table
+        );
+        let (types, topic, text, since, until) = filter.binds();
+        let mut query = sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(self.actor)
+            .bind(self.action)
+            .bind(self.reason)
+            .bind(i64::try_from(matched).unwrap_or(i64::MAX))
+            .bind(types)
+            .bind(topic)
+            .bind(text)
+            .bind(since)
+            .bind(until);
+        if let Some(consumer) = self.consumer {
+            query = query.bind(consumer);
+        }
+        Ok(query.fetch_one(conn).await?)
+    }
+
+    /// Adds one batch's counts to row `id`.
+    pub(crate) async fn add(
+        &self,
+        conn: &mut PgConnection,
+        id: i64,
+        applied: u64,
+        skipped: u64,
+    ) -> Result<()> {
+        sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {} SET applied = applied + $2, skipped = skipped + $3 WHERE id = $1",
+            self.table
+        )))
+        .bind(id)
+        .bind(i64::try_from(applied).unwrap_or(i64::MAX))
+        .bind(i64::try_from(skipped).unwrap_or(i64::MAX))
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+}
+
+/// The audit table's statement, for both migrations: `extra` are the columns before
+/// `actor` (the inbox's consumer).
+pub(crate) fn audit_table_sql(table: &str, extra: &str) -> String {
+    format!(
+        "-- What operators did by filter: one row per action, its counts kept by its batches.\n\
+         CREATE TABLE {table} (\n\
+         \x20   id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,\n\
+         \x20   at       timestamptz NOT NULL DEFAULT now(),\n{extra}\
+         \x20   actor    text NOT NULL,\n\
+         \x20   action   text NOT NULL,\n\
+         \x20   reason   text,\n\
+         \x20   filter   jsonb NOT NULL,\n\
+         \x20   matched  bigint NOT NULL,\n\
+         \x20   applied  bigint NOT NULL DEFAULT 0,\n\
+         \x20   skipped  bigint NOT NULL DEFAULT 0\n\
+         );\n"
+    )
+}

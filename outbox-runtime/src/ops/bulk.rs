@@ -1,0 +1,130 @@
+//! Failed events retried or discarded by filter, in bounded transactions, each action
+//! recorded in `<table>_audit` (see [`crate::action`]).
+
+use sqlx::{AssertSqlSafe, PgPool};
+use uuid::Uuid;
+
+use super::Ops;
+use crate::action::{ActionFilter, ActionReport, Audit, ACTION_BATCH, LISTED_IDS};
+use crate::error::{Error, Result};
+
+impl Ops {
+    /// Puts the failed events matching `filter` back up for publication (due at once), as
+    /// [`Ops::retry`] does one. A dry run counts and lists the first of them and changes
+    /// nothing. Otherwise the matching events are fixed when it starts and retried in
+    /// transactions of [`ACTION_BATCH`]; one no longer failed (or no longer matching) by
+    /// its turn is skipped. `actor` is recorded with the action in `<table>_audit`.
+    pub async fn retry_failed(
+        &self,
+        pool: &PgPool,
+        filter: &ActionFilter,
+        actor: &str,
+        dry_run: bool,
+    ) -> Result<ActionReport> {
+        let set = "status = 'pending', next_attempt_at = '-infinity'";
+        self.act(pool, filter, actor, dry_run, "retry", None, set).await.map_err(|e| self.not_migrated(e))
+    }
+
+    /// Discards the failed events matching `filter`, as [`Ops::discard`] does one: they
+    /// are never published, and the events of their aggregates behind them flow again.
+    /// Dry run, batches, skips and the audit row as for [`Ops::retry_failed`].
+    pub async fn discard_failed(
+        &self,
+        pool: &PgPool,
+        filter: &ActionFilter,
+        reason: &str,
+        actor: &str,
+        dry_run: bool,
+    ) -> Result<ActionReport> {
+        let set = "status = 'discarded', last_error = 'discarded: ' || $7";
+        self.act(pool, filter, actor, dry_run, "discard", Some(reason), set)
+            .await
+            .map_err(|e| self.not_migrated(e))
+    }
+
+    /// A missing table of the outbox, or its `failed_at` column (migration 4 not run), as
+    /// [`Error::NotMigrated`].
+    fn not_migrated(&self, error: Error) -> Error {
+        let undefined_column = matches!(&error, Error::Database(e)
+            if e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "42703"));
+        if undefined_column {
+            return Error::NotMigrated { table: self.names().outbox.clone() };
+        }
+        self.names().not_migrated(error)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn act(
+        &self,
+        pool: &PgPool,
+        filter: &ActionFilter,
+        actor: &str,
+        dry_run: bool,
+        action: &'static str,
+        reason: Option<&str>,
+        set: &str,
+    ) -> Result<ActionReport> {
+        let names = self.names();
+        let t = &names.outbox;
+        let condition = ActionFilter::condition(1, "p.last_error", "coalesce(p.failed_at, p.created_at)");
+        let (types, topic, text, since, until) = filter.binds();
+        let matching: Vec<(i64, Uuid)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT p.id, p.event_id FROM {t} p WHERE p.status = 'failed' AND {condition} ORDER BY p.id"
+        )))
+        .bind(&types)
+        .bind(&topic)
+        .bind(&text)
+        .bind(since)
+        .bind(until)
+        .fetch_all(pool)
+        .await?;
+        let mut report = ActionReport {
+            action,
+            dry_run,
+            matched: matching.len() as u64,
+            first: matching.iter().take(LISTED_IDS).map(|(_, e)| e.to_string()).collect(),
+            ..ActionReport::default()
+        };
+        if dry_run {
+            return Ok(report);
+        }
+        let audit = Audit { table: &names.audit, consumer: None, actor, action, reason };
+        let change = format!(
+            "UPDATE {t} p SET {set} WHERE p.id = ANY($6) AND p.status = 'failed' AND {condition} RETURNING p.id"
+        );
+        let mut tx = pool.begin().await?;
+        let audit_id = audit.start(&mut tx, filter, report.matched).await?;
+        report.audit_id = Some(audit_id);
+        // At least one transaction, so that an action that found nothing is recorded too.
+        let chunks: Vec<&[(i64, Uuid)]> =
+            if matching.is_empty() { vec![&[]] } else { matching.chunks(ACTION_BATCH).collect() };
+        let mut first = Some(tx);
+        for chunk in chunks {
+            let mut tx = match first.take() {
+                Some(tx) => tx,
+                None => pool.begin().await?,
+            };
+            let ids: Vec<i64> = chunk.iter().map(|(id, _)| *id).collect();
+            let mut query = sqlx::query(AssertSqlSafe(change.as_str()))
+                .bind(&types)
+                .bind(&topic)
+                .bind(&text)
+                .bind(since)
+                .bind(until)
+                .bind(&ids);
+            if let Some(reason) = reason {
+                query = query.bind(reason);
+            }
+            let changed = query.execute(&mut *tx).await?.rows_affected();
+            let skipped = ids.len() as u64 - changed;
+            audit.add(&mut tx, audit_id, changed, skipped).await?;
+            tx.commit().await?;
+            report.applied += changed;
+            report.skipped += skipped;
+        }
+        if action == "retry" && report.applied > 0 && self.config().notify {
+            sqlx::query("SELECT pg_notify($1, '')").bind(&names.channel).execute(pool).await?;
+        }
+        Ok(report)
+    }
+}
