@@ -29,7 +29,7 @@ pub fn main_from_env() -> ExitCode {
     init_logging();
     let database = std::env::var("CONSUMER_DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
     let Ok(brokers) = std::env::var("KAFKA_BROKERS") else {
-        eprintln!("consumer: KAFKA_BROKERS is not set (e.g. `cargo xtask broker` prints one)");
+        eprintln!("consumer: KAFKA_BROKERS is not set (e.g. `outbox broker` prints one)");
         return ExitCode::from(2);
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {

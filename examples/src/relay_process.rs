@@ -39,7 +39,7 @@ fn env_number(name: &str) -> Result<Option<u64>, String> {
 fn config() -> Result<(String, RelayConfig), String> {
     let database = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned());
     let brokers = std::env::var("KAFKA_BROKERS")
-        .map_err(|_| "KAFKA_BROKERS is not set (e.g. `cargo xtask broker` prints one)".to_owned())?;
+        .map_err(|_| "KAFKA_BROKERS is not set (e.g. `outbox broker` prints one)".to_owned())?;
     let mut config = RelayConfig::new(brokers).source(SOURCE);
     if let Some(rows) = env_number("OUTBOX_BATCH_SIZE")? {
         config = config

@@ -92,6 +92,15 @@ pub enum Error {
         /// The table, as `"schema"."table"`.
         table: String,
     },
+    /// The outbox's tables predate this library: a migration it needs has not run (a newer
+    /// version deployed before `outbox migrate`).
+    #[error("table {table} predates this version of the library ({missing}): run the outbox's migrations first (`outbox.migrator().run(&pool)`, or `outbox migrate`)")]
+    MigrationsBehind {
+        /// The table, as `"schema"."table"`.
+        table: String,
+        /// What is missing.
+        missing: String,
+    },
     /// An inbox's table does not exist: its migrations have not run on this database. They
     /// are the consumer's: its own binary creates them with `inbox.migrator()`.
     #[error("table {table} does not exist: the inbox's migrations have not run on this database; the consumer's own binary creates its tables with `inbox.migrator().run(&pool)`")]

@@ -6,10 +6,35 @@
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{AssertSqlSafe, SqlSafeStr};
 
+use crate::error::{Error, Result};
 use crate::outbox::Outbox;
 use crate::table::Names;
 
 impl Outbox {
+    /// Whether this outbox's tables exist ([`Error::NotMigrated`] otherwise) and are at this
+    /// library's latest migration ([`Error::MigrationsBehind`] otherwise).
+    pub(crate) async fn check_migrated(&self, pool: &sqlx::PgPool) -> Result<()> {
+        let names = self.names();
+        let sql = [&names.outbox, &names.leases, &names.relays, &names.cleaned, &names.audit]
+            .iter()
+            .map(|t| format!("(SELECT 1 FROM {t} LIMIT 0)"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        // The latest migration's column too: a relay marks failed events with it.
+        let sql = format!("SELECT {sql}, (SELECT failed_at FROM {} LIMIT 0)", names.outbox);
+        match sqlx::query(AssertSqlSafe(sql)).execute(pool).await {
+            Ok(_) => Ok(()),
+            // undefined_column: migrated, but not to the latest version.
+            Err(e) if e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "42703") => {
+                Err(Error::MigrationsBehind {
+                    table: names.outbox.clone(),
+                    missing: "no column failed_at, of migration 4".to_owned(),
+                })
+            }
+            Err(e) => Err(names.not_migrated(e.into())),
+        }
+    }
+
     /// A migrator that creates (and later upgrades) this outbox's tables:
     /// `outbox.migrator().run(&pool).await?`.
     pub fn migrator(&self) -> Migrator {

@@ -308,6 +308,9 @@ async fn relay_serves_prometheus_metrics_and_stops_on_sigterm(pool: PgPool) {
     let status =
         tokio::task::spawn_blocking(move || relay.wait_with_output()).await.expect("join").expect("wait");
     assert_eq!(status.status.code(), Some(0), "a graceful stop: {}", String::from_utf8_lossy(&status.stderr));
+    let log = String::from_utf8_lossy(&status.stderr);
+    assert!(log.contains("relay started"), "the relay logs to stderr: {log}");
+    assert!(!log.contains('\u{1b}'), "no colour codes in a log that is not a terminal: {log:?}");
     assert_eq!(
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE status = 'published'")
             .fetch_one(&pool)

@@ -137,3 +137,27 @@ async fn relays_share_partitions_and_shutdown_hands_over_at_once(pool: PgPool) {
     let records = kafka.read_all(TOPIC, Duration::from_secs(30));
     assert!(has_all(&ids)(&records));
 }
+
+/// A relay on tables older than the library (an upgrade deployed before `outbox migrate`),
+/// or on none, stops at once with `Error::MigrationsBehind` or `NotMigrated` naming the table, instead of
+/// running and failing to record what it does.
+#[sqlx::test(migrations = false)]
+async fn a_relay_refuses_tables_older_than_it_or_missing(pool: PgPool) {
+    let kafka = Kafka::start();
+    let outbox = outbox_runtime::Outbox::default_ref().clone();
+    let run = |pool: PgPool| {
+        let relay = outbox_runtime::relay::Relay::new(pool, outbox.clone(), quick(&kafka)).expect("relay");
+        tokio::time::timeout(Duration::from_secs(20), relay.run(outbox_runtime::CancellationToken::new()))
+    };
+    let missing = run(pool.clone()).await.expect("returns at once");
+    assert!(
+        matches!(&missing, Err(outbox_runtime::Error::NotMigrated { table }) if table == "\"public\".\"outbox\""),
+        "{missing:?}"
+    );
+    migrate(&pool).await;
+    // The column the latest migration added, gone: tables of the version before.
+    sqlx::query("ALTER TABLE outbox DROP COLUMN failed_at").execute(&pool).await.expect("older tables");
+    let older = run(pool.clone()).await.expect("returns at once");
+    assert!(matches!(&older, Err(outbox_runtime::Error::MigrationsBehind { .. })), "{older:?}");
+    assert!(older.expect_err("refused").to_string().contains("outbox migrate"), "says what to do");
+}

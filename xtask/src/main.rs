@@ -12,7 +12,6 @@ use outbox_runtime::registry::{self, EventDescriptor};
 use outbox_examples as _;
 
 mod bench;
-mod broker;
 mod chaos;
 mod demo;
 mod fuzz;
@@ -30,8 +29,6 @@ enum Command {
     /// `outbox_runtime::xtask`.
     #[command(flatten)]
     Contracts(outbox_runtime::xtask::Command),
-    /// Hosts a development Kafka broker (librdkafka's mock cluster) until Ctrl-C.
-    Broker(broker::BrokerArgs),
     /// Runs the whole path once: order service -> outbox -> relay -> Kafka -> inbox -> projection.
     Demo(demo::DemoArgs),
     /// Runs service, 2 relays and 2 consumers as processes, kills them at random, checks nothing is lost or applied twice.
@@ -87,7 +84,6 @@ fn main() -> ExitCode {
             .typegen_out("examples/src/consumer_types.rs")
             .asyncapi_title("Order service events (outbox examples)")
             .run_on(cmd, &contract_events()),
-        Command::Broker(args) => broker::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Chaos(args) => chaos::run(args),
         Command::Bench(args) => bench::run(args),

@@ -42,13 +42,16 @@ impl Ops {
             .map_err(|e| self.not_migrated(e))
     }
 
-    /// A missing table of the outbox, or its `failed_at` column (migration 4 not run), as
-    /// [`Error::NotMigrated`].
+    /// A missing table of the outbox as [`Error::NotMigrated`], its missing `failed_at`
+    /// column (migration 4 not run) as [`Error::MigrationsBehind`].
     fn not_migrated(&self, error: Error) -> Error {
         let undefined_column = matches!(&error, Error::Database(e)
             if e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "42703"));
         if undefined_column {
-            return Error::NotMigrated { table: self.names().outbox.clone() };
+            return Error::MigrationsBehind {
+                table: self.names().outbox.clone(),
+                missing: "no column failed_at, of migration 4".to_owned(),
+            };
         }
         self.names().not_migrated(error)
     }

@@ -200,22 +200,7 @@ impl Ops {
     /// naming the first missing one otherwise (its migrations have not run, or the schema
     /// or table name is not the one they ran with).
     pub async fn check_migrated(&self, pool: &PgPool) -> Result<()> {
-        let names = self.names();
-        let sql = [&names.outbox, &names.leases, &names.relays, &names.cleaned, &names.audit]
-            .iter()
-            .map(|t| format!("(SELECT 1 FROM {t} LIMIT 0)"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        // The latest migration's column too: a relay marks failed events with it.
-        let sql = format!("SELECT {sql}, (SELECT failed_at FROM {} LIMIT 0)", names.outbox);
-        match sqlx::query(AssertSqlSafe(sql)).execute(pool).await {
-            Ok(_) => Ok(()),
-            // undefined_column: migrated, but not to the latest version.
-            Err(e) if e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "42703") => {
-                Err(crate::Error::NotMigrated { table: names.outbox.clone() })
-            }
-            Err(e) => Err(names.not_migrated(e.into())),
-        }
+        self.outbox.check_migrated(pool).await
     }
 
     /// Counts, the age of the oldest unpublished event, rates over the last 5 minutes,

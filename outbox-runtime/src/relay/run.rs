@@ -23,7 +23,23 @@ const SHUTDOWN_WAIT: Duration = Duration::from_secs(30);
 impl Relay {
     /// Runs until `shutdown` is cancelled, then finishes the batch in flight (bounded by
     /// the message timeout), gives its leases back and returns.
+    ///
+    /// # Errors
+    /// [`Error::NotMigrated`](crate::Error::NotMigrated) at once when the outbox's tables are
+    /// missing, [`Error::MigrationsBehind`](crate::Error::MigrationsBehind) when they are
+    /// older than this library (run the migrations first: a relay of a newer version would
+    /// fail to record what it does). A database that does not answer at
+    /// start is waited for like any later outage.
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<()> {
+        match self.outbox.check_migrated(&self.pool).await {
+            Err(error @ (crate::Error::NotMigrated { .. } | crate::Error::MigrationsBehind { .. })) => {
+                return Err(error)
+            }
+            Err(error) => {
+                warn!(relay_id = %self.id(), %error, "cannot check the outbox's migrations; going on")
+            }
+            Ok(()) => {}
+        }
         let tracker = self.tasks.clone();
         let wake = Arc::new(Notify::new());
         tracker.spawn(listen(

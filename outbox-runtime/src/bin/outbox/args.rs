@@ -99,6 +99,10 @@ pub(crate) enum Command {
     Reconcile(ReconcileArgs),
     /// A consumer's parked messages: list, retry, discard.
     Inbox(InboxArgs),
+    /// Runs a development Kafka broker in this process (librdkafka's mock cluster: in
+    /// memory, at most 5 MB per partition, gone when it stops) until SIGTERM or Ctrl-C;
+    /// needs no database.
+    Broker(crate::broker::BrokerArgs),
 }
 
 #[derive(Args)]

@@ -19,6 +19,10 @@ use crate::args::{
 use crate::{fail, hint, render, Fail};
 
 pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
+    // The dev broker needs no database.
+    if let Command::Broker(args) = cli.command {
+        return Ok(crate::broker::run(args).await);
+    }
     let mut config = OutboxConfig::default().schema(&cli.schema).table(&cli.table);
     if let Some(rows) = cli.capacity_rows {
         config = config.capacity(Capacity::Rows(rows));
@@ -44,6 +48,7 @@ async fn dispatch(outbox: Outbox, pool: PgPool, command: Command) -> Result<Exit
             println!("outbox tables are up to date");
         }
         Command::Relay(args) => return relay(outbox, pool, args).await,
+        Command::Broker(args) => return Ok(crate::broker::run(args).await),
         Command::Status { json, window } => {
             let status = outbox.ops().status_over(&pool, window).await?;
             if json {
@@ -165,7 +170,12 @@ fn refuse_filters_with_an_id(args: &ActionArgs) -> Result<(), Fail> {
 pub(crate) async fn relay(outbox: Outbox, pool: PgPool, args: RelayArgs) -> Result<ExitCode, Fail> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    // Colour only on a terminal: a log file or a collector gets no escape codes.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
     if let Some(addr) = args.metrics_addr {
         outbox_runtime::metrics::install_prometheus(addr)?;
         eprintln!("outbox: metrics on http://{addr}/metrics");

@@ -13,6 +13,7 @@
 
 mod act;
 mod args;
+mod broker;
 mod commands;
 mod hint;
 mod render;
@@ -67,6 +68,13 @@ impl From<Error> for Fail {
                 fix: "the inbox's tables are created by the consumer's own binary, with `inbox.migrator().run(&pool)` (`outbox migrate` creates the outbox's only)".into(),
             }
             .into(),
+            Error::MigrationsBehind { table, missing } => fail(
+                2,
+                format!(
+                    "table {table} predates this version of outbox ({missing}): run `outbox migrate` \
+                     (with the same --schema and --table) to upgrade it"
+                ),
+            ),
             Error::Conflict(_) => fail(4, error.to_string()),
             _ => fail(3, error.to_string()),
         }

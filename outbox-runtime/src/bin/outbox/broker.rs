@@ -1,5 +1,5 @@
-//! `cargo xtask broker`: a development Kafka broker in this process (librdkafka's mock
-//! cluster, no install), for the demo and for relay processes started by hand.
+//! `outbox broker`: a development Kafka broker in this process (librdkafka's mock
+//! cluster, no install), for relay and consumer processes started by hand.
 //!
 //! Not for production and not for transactions: it keeps at most 5 MB per partition in
 //! memory and forgets everything when it stops.
@@ -8,12 +8,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use rdkafka::mocking::MockCluster;
+use outbox_runtime::rdkafka::mocking::MockCluster;
 
 #[derive(Args)]
 pub(crate) struct BrokerArgs {
-    /// A topic to create, as NAME or NAME:PARTITIONS (default partitions: 6). Repeatable.
-    #[arg(long = "topic", value_name = "NAME[:PARTITIONS]", default_values_t = [String::from("orders:6")])]
+    /// A topic to create, as NAME or NAME:PARTITIONS (default partitions: 6). Repeatable;
+    /// other topics are created on first use.
+    #[arg(long = "topic", value_name = "NAME[:PARTITIONS]")]
     topics: Vec<String>,
     /// Number of brokers in the cluster.
     #[arg(long, default_value_t = 1)]
@@ -36,47 +37,44 @@ fn parse_topic(spec: &str) -> Result<(&str, i32), String> {
     Ok((name, partitions))
 }
 
-pub(crate) fn run(args: BrokerArgs) -> ExitCode {
+pub(crate) async fn run(args: BrokerArgs) -> ExitCode {
     let topics: Vec<(&str, i32)> = match args.topics.iter().map(|t| parse_topic(t)).collect() {
         Ok(topics) => topics,
         Err(message) => {
-            eprintln!("error: {message}");
+            eprintln!("outbox: {message}");
             return ExitCode::from(2);
         }
     };
     let cluster = match MockCluster::new(args.brokers) {
         Ok(cluster) => cluster,
         Err(e) => {
-            eprintln!("error: cannot start the mock cluster: {e}");
+            eprintln!("outbox: cannot start the mock cluster: {e}");
             return ExitCode::from(1);
         }
     };
     for (name, partitions) in &topics {
         if let Err(e) = cluster.create_topic(name, *partitions, 1) {
-            eprintln!("error: cannot create topic {name}: {e}");
+            eprintln!("outbox: cannot create topic {name}: {e}");
             return ExitCode::from(1);
         }
     }
     let bootstrap = cluster.bootstrap_servers();
     if let Some(path) = &args.addr_file {
         if let Err(e) = std::fs::write(path, &bootstrap) {
-            eprintln!("error: {}: cannot write: {e}", path.display());
+            eprintln!("outbox: {}: cannot write: {e}", path.display());
             return ExitCode::from(2);
         }
     }
     let listed: Vec<String> = topics.iter().map(|(n, p)| format!("{n} ({p} partitions)")).collect();
-    println!("dev broker (librdkafka mock cluster) at {bootstrap}");
-    println!("topics: {}", listed.join(", "));
+    println!("dev broker (librdkafka mock cluster, in memory, for development only) at {bootstrap}");
+    if listed.is_empty() {
+        println!("topics: none yet; a topic is created on first use");
+    } else {
+        println!("topics: {}", listed.join(", "));
+    }
     println!("export KAFKA_BROKERS={bootstrap}");
     println!("stop with Ctrl-C");
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    runtime.block_on(outbox_runtime::signal::shutdown_signal());
+    outbox_runtime::signal::shutdown_signal().await;
     drop(cluster);
     ExitCode::SUCCESS
 }

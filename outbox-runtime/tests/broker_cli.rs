@@ -1,16 +1,17 @@
-//! `cargo xtask broker`: a dev broker other processes can reach, stopped cleanly by SIGTERM.
+//! `outbox broker`: a dev broker other processes can reach, stopped cleanly by SIGTERM.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::ClientConfig;
+use outbox_runtime::rdkafka::consumer::{BaseConsumer, Consumer};
+use outbox_runtime::rdkafka::ClientConfig;
 
 #[test]
 fn dev_broker_serves_its_topics_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().expect("tmp");
     let addr_file = dir.path().join("addr");
-    let mut broker = Command::new(env!("CARGO_BIN_EXE_xtask"))
+    let broker = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .env_remove("DATABASE_URL")
         .args(["broker", "--topic", "orders:3", "--topic", "audit", "--addr-file"])
         .arg(&addr_file)
         .stdout(Stdio::piped())
@@ -34,13 +35,17 @@ fn dev_broker_serves_its_topics_and_stops_on_sigterm() {
 
     let status = Command::new("kill").args(["-TERM", &broker.id().to_string()]).status().expect("kill");
     assert!(status.success());
-    let exit = broker.wait().expect("wait");
-    assert_eq!(exit.code(), Some(0), "SIGTERM stops it cleanly");
+    let exit = broker.wait_with_output().expect("wait");
+    assert_eq!(exit.status.code(), Some(0), "SIGTERM stops it cleanly");
+    let said = String::from_utf8_lossy(&exit.stdout);
+    assert!(said.contains(&format!("export KAFKA_BROKERS={bootstrap}")), "{said}");
+    assert!(said.contains("topics: orders (3 partitions), audit (6 partitions)"), "{said}");
 }
 
 #[test]
 fn bad_topic_spec_exits_2() {
-    let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .env_remove("DATABASE_URL")
         .args(["broker", "--topic", "orders:many"])
         .output()
         .expect("run");
