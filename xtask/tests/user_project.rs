@@ -5,7 +5,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 const EVENTS: &str = r#"use outbox_runtime::OutboxEvent;
 use schemars::JsonSchema;
@@ -219,32 +219,86 @@ fn the_readme_workspace_builds_tests_and_checks_outside_this_repository() {
         .map(PathBuf::from)
         .unwrap_or_else(|| here.join("../target"))
         .join("user-project");
-    for command in &commands {
-        let words: Vec<&str> = command.split_whitespace().collect();
-        assert_eq!(words[0], "cargo", "the README's commands here are cargo's: {command}");
-        let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    // Its own database: `outbox migrate` and `status` must start from nothing.
+    let database = tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(outbox_tests::db::fresh_databases(["outbox_readme_workspace"]))
+        .expect("a fresh database")[0]
+        .clone();
+    let bin = dir.path().join("cargo-root");
+    let mut background = Vec::new();
+    for line in &commands {
+        let (command, comment) = line.split_once(" #").unwrap_or((line.as_str(), ""));
+        let command = command.trim();
+        let mut words: Vec<String> = command.split_whitespace().map(str::to_owned).collect();
+        let spawn = words.last().is_some_and(|w| w == "&");
+        if spawn {
+            words.pop();
+        }
+        // `exit N: TEXT ...` in the comment: that exit code, and TEXT in what it prints.
+        let (code, said) = match comment.trim().strip_prefix("exit ") {
+            Some(rest) => {
+                let (code, said) = rest.split_once(':').unwrap_or((rest, ""));
+                (code.trim().parse::<i32>().expect("exit code"), said.trim().trim_end_matches("...").trim())
+            }
+            None => (0, ""),
+        };
+        if words[..2] == ["cargo", "install"] {
+            // The published crate, stood in for by this checkout (debug: it is only run here).
+            assert_eq!(words[2], "outbox-runtime", "{command}");
+            words.splice(2..3, ["--path".to_owned(), runtime.display().to_string()]);
+            words.extend(["--debug", "--locked", "--root"].map(str::to_owned));
+            words.push(bin.display().to_string());
+        }
+        let program = match words[0].as_str() {
+            "cargo" => std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()),
+            "outbox" => bin.join("bin/outbox").display().to_string(),
+            other => panic!("the README's commands here are cargo's and outbox's: {other}"),
+        };
+        let mut child = Command::new(program);
+        child
             .args(&words[1..])
             .current_dir(&root)
             .env("CARGO_TARGET_DIR", &target)
             .env("CARGO_NET_OFFLINE", "true")
+            .env("DATABASE_URL", &database)
             .env_remove("CARGO_MANIFEST_DIR")
-            .env_remove("RUSTFLAGS")
-            .output()
-            .expect("cargo runs");
+            .env_remove("RUSTFLAGS");
+        if spawn {
+            background.push((command.to_owned(), child.stdout(Stdio::piped()).spawn().expect("starts")));
+            continue;
+        }
+        let out = child.output().expect("runs");
         eprintln!("readme workspace: `{command}`: {}", out.status);
-        assert!(out.status.success(), "`{command}` failed in the README's workspace:\n{}", text(&out));
+        assert_eq!(out.status.code(), Some(code), "`{command}` in the README's workspace:\n{}", text(&out));
+        assert!(text(&out).contains(said), "`{command}` says {said:?}:\n{}", text(&out));
         if command.starts_with("cargo test") {
             let said = text(&out);
             assert!(said.contains("test an_issued_invoice_reaches_the_ledger_once ... ok"), "{said}");
         }
+    }
+    // The background ones (the dev broker) came up, and stop on SIGTERM.
+    for (command, mut child) in background {
+        let addr = root.join("broker.addr");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !addr.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert!(child.try_wait().expect("wait").is_none(), "`{command}` still runs");
+        let bootstrap = fs::read_to_string(&addr).expect("the broker wrote its address");
+        let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill");
+        assert!(killed.success());
+        let out = child.wait_with_output().expect("wait");
+        assert_eq!(out.status.code(), Some(0), "`{command}` stops on SIGTERM");
+        assert!(text(&out).contains(&format!("export KAFKA_BROKERS={bootstrap}")), "{}", text(&out));
     }
     assert!(root.join("schemas/invoice.issued/v1.json").is_file());
     let types = fs::read_to_string(root.join("consumer/src/events.rs")).expect("generated types");
     assert!(types.contains("pub struct InvoiceIssuedV1"), "{types}");
 }
 
-/// The blocks of `section` that name a file, and the lines of its `sh run` blocks (without
-/// their comments).
+/// The blocks of `section` that name a file, and the lines of its `sh run` blocks (with
+/// their comments, which may say `exit N: what it prints`).
 fn blocks(section: &str) -> (Vec<(String, String)>, Vec<String>) {
     let (mut files, mut commands) = (Vec::new(), Vec::new());
     let mut lines = section.lines();
@@ -255,9 +309,9 @@ fn blocks(section: &str) -> (Vec<(String, String)>, Vec<String>) {
             files.push((path.to_owned(), body.join("\n") + "\n"));
         } else if info.split_whitespace().eq(["sh", "run"]) {
             for line in body {
-                let command = line.split(" #").next().unwrap_or_default().trim();
-                if !command.is_empty() {
-                    commands.push(command.to_owned());
+                let line = line.trim();
+                if !line.is_empty() && !line.starts_with('#') {
+                    commands.push(line.to_owned());
                 }
             }
         }
