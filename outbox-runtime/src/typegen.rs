@@ -316,6 +316,24 @@ pub fn write_or_check(schemas: &Path, out: &Path, check: bool) -> Result<Status,
 mod tests {
     use super::*;
 
+    /// `--out` into a folder that does not exist yet (a new consumer crate) makes it; it
+    /// used to fail with "No such file or directory".
+    #[test]
+    fn writing_makes_the_folder_of_the_file() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let schemas = dir.path().join("schemas/invoice.issued");
+        std::fs::create_dir_all(&schemas).expect("mkdir");
+        let schema = serde_json::json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema", "title": "InvoiceIssued",
+            "type": "object", "properties": { "amount": { "type": "integer" } }, "required": ["amount"]
+        });
+        std::fs::write(schemas.join("v1.json"), schema.to_string()).expect("write");
+        let out = dir.path().join("consumer/src/events.rs");
+        let written = write_or_check(&dir.path().join("schemas"), &out, false).expect("written");
+        assert!(matches!(written, Status::Written));
+        assert!(std::fs::read_to_string(&out).expect("read").contains("pub struct InvoiceIssuedV1"));
+    }
+
     #[test]
     fn names_follow_the_event_type() {
         assert_eq!(pascal("order.confirmed"), "OrderConfirmed");

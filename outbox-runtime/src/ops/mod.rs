@@ -175,6 +175,12 @@ pub struct Ops {
 impl Outbox {
     /// The operator side of this outbox: status, failed and retrying events, retry,
     /// discard, replay, purge, reconcile, gauges.
+    ///
+    /// Each call takes the pool it works on, where [`Inbox::admin`](crate::inbox::Inbox::admin)
+    /// keeps its inbox's: an `Outbox` holds no pool (an append runs on the caller's
+    /// transaction, and one `Outbox` value may serve the databases of several shards),
+    /// while an `Inbox` consumes on the pool it was built with. Without an `Inbox` at hand,
+    /// [`InboxAdmin::new`](crate::inbox::InboxAdmin::new) takes a pool as well.
     pub fn ops(&self) -> Ops {
         Ops { outbox: self.clone() }
     }
