@@ -15,11 +15,25 @@ impl Outbox {
     /// library's latest migration ([`Error::MigrationsBehind`] otherwise).
     pub(crate) async fn check_migrated(&self, pool: &sqlx::PgPool) -> Result<()> {
         let names = self.names();
-        let sql = [&names.outbox, &names.leases, &names.relays, &names.cleaned, &names.audit]
-            .iter()
-            .map(|t| format!("(SELECT 1 FROM {t} LIMIT 0)"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        self.check_tables(pool, &[&names.outbox, &names.leases, &names.relays, &names.cleaned, &names.audit])
+            .await
+    }
+
+    /// [`Outbox::check_migrated`] for the tables a relay uses, and no others: a role that
+    /// may not read the operators' audit table still runs a relay.
+    pub(crate) async fn check_migrated_for_relay(&self, pool: &sqlx::PgPool, cleanup: bool) -> Result<()> {
+        let names = self.names();
+        let mut tables = vec![&names.outbox, &names.leases, &names.relays];
+        if cleanup {
+            tables.push(&names.cleaned);
+        }
+        self.check_tables(pool, &tables).await
+    }
+
+    async fn check_tables(&self, pool: &sqlx::PgPool, tables: &[&String]) -> Result<()> {
+        let names = self.names();
+        let sql =
+            tables.iter().map(|t| format!("(SELECT 1 FROM {t} LIMIT 0)")).collect::<Vec<_>>().join(", ");
         // The latest migration's column too: a relay marks failed events with it.
         let sql = format!("SELECT {sql}, (SELECT failed_at FROM {} LIMIT 0)", names.outbox);
         match sqlx::query(AssertSqlSafe(sql)).execute(pool).await {

@@ -132,6 +132,14 @@ fn no_database_given_is_refused_and_a_url_is_never_printed() {
         .expect("run");
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert_eq!(stderr(&out).trim(), "outbox: no database given: set --database-url or DATABASE_URL");
+    // An empty one (an unset shell variable exported) is none, not "cannot connect to ''".
+    let empty = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .env("DATABASE_URL", "")
+        .arg("status")
+        .output()
+        .expect("run");
+    assert_eq!(empty.status.code(), Some(2), "{empty:?}");
+    assert_eq!(stderr(&empty).trim(), "outbox: no database given: set --database-url or DATABASE_URL");
     let help = Command::new(env!("CARGO_BIN_EXE_outbox"))
         .env("DATABASE_URL", "postgres://app:s3cret@127.0.0.1:1/none")
         .arg("--help")

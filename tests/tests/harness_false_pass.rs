@@ -244,3 +244,36 @@ async fn applied_ignored_and_declared_unconsumed_events_settle_and_are_counted(p
     assert!(ignoring.ignored() >= 2, "the other inbox ignored them: {ignoring:?}");
     harness.stop().await.expect("stops cleanly");
 }
+
+/// Published, then deleted by the relay's cleanup (retention 0) while the inbox is still
+/// busy with it: the event never got its outcome, and settle says so instead of finding
+/// an empty table and returning `Ok(Settled::default())`.
+#[sqlx::test(migrations = false)]
+async fn an_event_cleaned_up_before_its_outcome_fails_settle(pool: PgPool) {
+    struct Slow;
+    impl EventHandler<InvoiceVoided> for Slow {
+        async fn handle(&self, _: &mut PgConnection, _: InvoiceVoided, _: &Meta) -> Result<(), HandlerError> {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            Ok(())
+        }
+    }
+    let outbox = set_up(&pool).await;
+    let kafka = EmbeddedKafka::start().expect("broker");
+    kafka.create_topic(InvoiceVoided::TOPIC, 1).await.expect("topic");
+    let config = RelayConfig::new(kafka.bootstrap()).poll_interval(Duration::from_millis(100)).cleanup(
+        outbox_runtime::relay::Cleanup::default().retention(Duration::ZERO).interval(Duration::from_secs(1)),
+    );
+    let relay = Relay::new(pool.clone(), outbox.clone(), config).expect("relay");
+    let inbox =
+        inbox(&pool, &kafka, InvoiceVoided::TOPIC, Handlers::new().on::<InvoiceVoided, _>(Slow)).await;
+    let mut harness = Harness::start(relay, inbox).expect("harness");
+    let ids = append(&pool, &outbox, &[InvoiceVoided { invoice: "inv-7".into() }]).await;
+
+    let message = problem(harness.settle_within(Duration::from_secs(20)).await);
+    assert!(message.contains(&ids[0].to_string()), "names the event: {message}");
+    assert!(
+        message.contains("was deleted from the outbox (cleanup or purge) before it had its outcome"),
+        "{message}"
+    );
+    let _ = harness.stop().await;
+}

@@ -218,7 +218,8 @@ fn the_readme_workspace_builds_tests_and_checks_outside_this_repository() {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| here.join("../target"))
-        .join("user-project");
+        // Not the other test's: both build a package `xtask`, and run it, in parallel.
+        .join("user-project-readme");
     // Its own database: `outbox migrate` and `status` must start from nothing.
     let database = tokio::runtime::Runtime::new()
         .expect("runtime")
@@ -243,7 +244,8 @@ fn the_readme_workspace_builds_tests_and_checks_outside_this_repository() {
             }
             None => (0, ""),
         };
-        if words[..2] == ["cargo", "install"] {
+        assert!(!words.is_empty(), "an empty command in the README: {line:?}");
+        if words.get(..2) == Some(&["cargo".to_owned(), "install".to_owned()][..]) {
             // The published crate, stood in for by this checkout (debug: it is only run here).
             assert_eq!(words[2], "outbox-runtime", "{command}");
             words.splice(2..3, ["--path".to_owned(), runtime.display().to_string()]);

@@ -417,6 +417,13 @@ impl Handlers {
         )
     }
 
+    /// Whether a message of `event_type` at `schema_version` is ignored on purpose (no
+    /// typed handler for that version claims it first).
+    #[cfg(feature = "testing")]
+    pub(crate) fn ignores(&self, event_type: &str, schema_version: u32) -> bool {
+        matches!(self.resolve(event_type, schema_version), Resolved::Ignored)
+    }
+
     /// A typed handler first, then an ignored type, then the fallback.
     pub(crate) fn resolve(&self, event_type: &str, schema_version: u32) -> Resolved<'_> {
         if let Some(handler) = self.typed.get(&(event_type.to_owned(), schema_version)) {

@@ -161,8 +161,8 @@ impl Inbox {
 
     /// Its handlers.
     #[cfg(feature = "testing")]
-    pub(crate) fn handlers(&self) -> &Handlers {
-        &self.handlers
+    pub(crate) fn handlers(&self) -> Arc<Handlers> {
+        self.handlers.clone()
     }
 
     /// The pool its tables are in.

@@ -31,7 +31,7 @@ impl Relay {
     /// fail to record what it does). A database that does not answer at
     /// start is waited for like any later outage.
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<()> {
-        match self.outbox.check_migrated(&self.pool).await {
+        match self.outbox.check_migrated_for_relay(&self.pool, self.config.cleanup.is_some()).await {
             Err(error @ (crate::Error::NotMigrated { .. } | crate::Error::MigrationsBehind { .. })) => {
                 return Err(error)
             }

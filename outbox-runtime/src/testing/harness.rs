@@ -2,7 +2,7 @@
 //! [`Harness::settle`], which succeeds only when every event appended so far has the
 //! outcome a passing test needs.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,8 +13,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::judge::{judge, EventRow, InboxView, OpenParked};
-use crate::inbox::{Inbox, InboxStats};
+use super::judge::{judge_event, EventRow, InboxView, OpenParked, State};
+use crate::inbox::{Handlers, Inbox, InboxStats};
 use crate::relay::{Relay, RelayStats};
 use crate::{Error, Result};
 
@@ -88,10 +88,18 @@ impl HarnessBuilder {
         let pool = self.relay.pool().clone();
         let outbox_table = self.relay.outbox().names().outbox.clone();
         let relay_stats = self.relay.stats();
-        let mut inboxes = Vec::new();
+        // Every client is made before anything runs: a failure leaves no task behind.
+        let mut watched = Vec::new();
         for inbox in self.inboxes {
-            inboxes.push(Watched::new(inbox, &stop)?);
+            watched.push((Watched::new(&inbox)?, inbox));
         }
+        let inboxes = watched
+            .into_iter()
+            .map(|(mut watched, inbox)| {
+                watched.task = Some(tokio::spawn(inbox.run(stop.child_token())));
+                watched
+            })
+            .collect();
         let relay = tokio::spawn(self.relay.run(stop.child_token()));
         Ok(Harness {
             pool,
@@ -101,6 +109,7 @@ impl HarnessBuilder {
             relay_stats,
             relay: Some(relay),
             inboxes,
+            done: HashMap::new(),
             stop,
         })
     }
@@ -110,7 +119,7 @@ impl HarnessBuilder {
 struct Watched {
     consumer: String,
     topics: BTreeSet<String>,
-    ignored: BTreeSet<String>,
+    handlers: Arc<Handlers>,
     pool: PgPool,
     inbox_table: String,
     parked_table: String,
@@ -120,7 +129,8 @@ struct Watched {
 }
 
 impl Watched {
-    fn new(inbox: Inbox, stop: &CancellationToken) -> Result<Watched> {
+    /// What reads the outcomes of `inbox` (its task is started by the caller).
+    fn new(inbox: &Inbox) -> Result<Watched> {
         let config = inbox.config();
         let mut offsets = ClientConfig::new();
         offsets.set("bootstrap.servers", &config.brokers);
@@ -131,50 +141,55 @@ impl Watched {
         offsets.set("group.id", &config.consumer).set("enable.auto.commit", "false");
         let offsets: BaseConsumer = offsets.create()?;
         let names = inbox.names();
-        let watched = Watched {
+        Ok(Watched {
             consumer: config.consumer.clone(),
             topics: config.topics.iter().cloned().collect(),
-            ignored: inbox.handlers().ignored_types().map(str::to_owned).collect(),
+            handlers: inbox.handlers(),
             pool: inbox.pool().clone(),
             inbox_table: names.inbox.clone(),
             parked_table: names.parked.clone(),
             offsets: Arc::new(offsets),
             stats: inbox.stats(),
             task: None,
-        };
-        let task = tokio::spawn(inbox.run(stop.child_token()));
-        Ok(Watched { task: Some(task), ..watched })
+        })
     }
 
-    /// What this inbox recorded of `events`.
+    /// What this inbox recorded of `events`. The committed offsets are read first and the
+    /// rows after, in one snapshot: the inbox commits a record's row before its offset, so
+    /// an offset seen past a record means its row (if it has one) is seen too.
     async fn view(&self, events: &[EventRow]) -> Result<InboxView> {
+        let partitions: BTreeSet<(String, i32)> = events
+            .iter()
+            .filter(|e| e.status == "published" && self.topics.contains(&e.topic))
+            .filter_map(|e| Some((e.topic.clone(), e.partition?)))
+            .collect();
+        let committed = self.committed(partitions).await;
         let ids: Vec<Uuid> = events.iter().map(|e| e.event_id).collect();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY").execute(&mut *tx).await?;
         let outcomes: Vec<(Uuid, String)> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT event_id, outcome FROM {} WHERE consumer = $1 AND event_id = ANY($2)",
             self.inbox_table
         )))
         .bind(&self.consumer)
         .bind(&ids)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *tx)
         .await?;
-        type Open = (i64, Option<Uuid>, String, i32, i64, String, String);
+        type Open = (i64, Option<Uuid>, String, i32, i64, String, String, bool);
         let open: Vec<Open> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT id, event_id, topic, kafka_partition, kafka_offset, status, reason FROM {} \
-                 WHERE consumer = $1 AND status IN ('parked', 'held') ORDER BY id",
+            "SELECT id, event_id, topic, kafka_partition, kafka_offset, status, reason, retry_requested_at IS NOT NULL \
+             FROM {} WHERE consumer = $1 AND status IN ('parked', 'held') ORDER BY id",
             self.parked_table
         )))
         .bind(&self.consumer)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *tx)
         .await?;
+        tx.commit().await?;
         let ignored = events
             .iter()
-            .filter(|e| self.ignored.contains(&e.event_type))
-            .map(|e| (e.event_type.clone(), e.schema_version))
-            .collect();
-        let partitions: BTreeSet<(String, i32)> = events
-            .iter()
-            .filter(|e| e.status == "published" && self.topics.contains(&e.topic))
-            .filter_map(|e| Some((e.topic.clone(), e.partition?)))
+            .filter_map(|e| Some((e, u32::try_from(e.schema_version).ok()?)))
+            .filter(|(e, version)| self.handlers.ignores(&e.event_type, *version))
+            .map(|(e, _)| (e.event_type.clone(), e.schema_version))
             .collect();
         Ok(InboxView {
             consumer: self.consumer.clone(),
@@ -183,7 +198,7 @@ impl Watched {
             outcomes: outcomes.into_iter().collect::<HashMap<_, _>>(),
             open: open
                 .into_iter()
-                .map(|(id, event_id, topic, partition, offset, status, reason)| OpenParked {
+                .map(|(id, event_id, topic, partition, offset, status, reason, retry_requested)| OpenParked {
                     id,
                     event_id,
                     topic,
@@ -191,9 +206,10 @@ impl Watched {
                     offset,
                     status,
                     reason,
+                    retry_requested,
                 })
                 .collect(),
-            committed: self.committed(partitions).await,
+            committed,
         })
     }
 
@@ -230,8 +246,16 @@ impl Watched {
 /// absorbed as a duplicate of an applied one, or ignored by an explicit
 /// `Handlers::ignore`. An event the relay failed, a record an inbox parked, held or
 /// absorbed as stale, an event to a topic no inbox reads (unless declared with
-/// [`HarnessBuilder::unconsumed_topic`]) or passed over without an outcome is an
-/// [`Error::NotSettled`] at once, naming the event id, type, topic and reason.
+/// [`HarnessBuilder::unconsumed_topic`]), passed over without an outcome or deleted from
+/// the outbox before it had one is an [`Error::NotSettled`] at once, naming the event id,
+/// type, topic and reason. A record parked with a retry requested is waited for.
+///
+/// An event an operator discarded (at the outbox, or a parked record at an inbox) is an
+/// outcome too, counted as such in [`Settled`]: the test asked for it.
+///
+/// It judges every event in the relay's outbox table: give each test a database of its
+/// own, as `#[sqlx::test]` does (rows left by an earlier run, or by a test running beside
+/// it on the same table, are judged as this test's).
 pub struct Harness {
     pool: PgPool,
     outbox_table: String,
@@ -240,6 +264,9 @@ pub struct Harness {
     relay_stats: Arc<RelayStats>,
     relay: Option<JoinHandle<Result<()>>>,
     inboxes: Vec<Watched>,
+    /// Events found done, with what each counts for: one deleted since (cleanup, purge)
+    /// still counts.
+    done: HashMap<Uuid, Settled>,
     stop: CancellationToken,
 }
 
@@ -306,7 +333,10 @@ impl Harness {
     /// [`Harness::settle`] with another timeout.
     pub async fn settle_within(&mut self, timeout: Duration) -> Result<Settled> {
         let started = Instant::now();
-        let Some(mut watermark) = self.last_id().await? else { return Ok(Settled::default()) };
+        let Some(mut watermark) = self.last_id().await? else { return Ok(self.totals()) };
+        // Events seen not done in this call: each must get its outcome before it may leave
+        // the table.
+        let mut unfinished: HashMap<Uuid, String> = HashMap::new();
         loop {
             self.check_running().await?;
             let events = self.events(watermark).await?;
@@ -314,25 +344,61 @@ impl Harness {
             for inbox in &self.inboxes {
                 views.push(inbox.view(&events).await?);
             }
-            let verdict = judge(&events, &views, &self.unconsumed);
-            if !verdict.problems.is_empty() {
-                return Err(not_settled(started.elapsed(), "", &verdict.problems));
+            let (mut waiting, mut problems) = (Vec::new(), Vec::new());
+            let present: HashSet<Uuid> = events.iter().map(|e| e.event_id).collect();
+            for (id, event) in &unfinished {
+                if !present.contains(id) {
+                    problems.push(format!(
+                        "{event} was deleted from the outbox (cleanup or purge) before it had its outcome: \
+                         a relay's cleanup in a test needs a retention longer than the test"
+                    ));
+                }
             }
-            if verdict.waiting.is_empty() {
+            for event in &events {
+                match judge_event(event, &views, &self.unconsumed) {
+                    State::Done(counts) => {
+                        unfinished.remove(&event.event_id);
+                        self.done.insert(event.event_id, counts);
+                    }
+                    State::Waiting(why) => {
+                        self.done.remove(&event.event_id);
+                        unfinished.insert(event.event_id, event.to_string());
+                        waiting.push(why);
+                    }
+                    State::Problem(why) => problems.push(why),
+                }
+            }
+            if !problems.is_empty() {
+                return Err(not_settled(started.elapsed(), "", &problems));
+            }
+            if waiting.is_empty() {
                 // Events the handlers appended meanwhile (a follow-up in the transaction that
                 // applied one) are part of what the test waits for.
                 match self.last_id().await? {
                     Some(last) if last > watermark => watermark = last,
-                    _ => return Ok(verdict.settled),
+                    _ => return Ok(self.totals()),
                 }
-                continue;
             }
             if started.elapsed() >= timeout {
-                let head = format!("{} event(s) still waiting: ", verdict.waiting.len());
-                return Err(not_settled(timeout, &head, &verdict.waiting));
+                if waiting.is_empty() {
+                    waiting.push(format!("events are still being appended (the newest is id {watermark})"));
+                }
+                let head = format!("{} event(s) still waiting: ", waiting.len());
+                return Err(not_settled(timeout, &head, &waiting));
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            if !waiting.is_empty() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         }
+    }
+
+    /// What every event found done so far counts for.
+    fn totals(&self) -> Settled {
+        let mut totals = Settled::default();
+        for counts in self.done.values() {
+            totals.add(counts);
+        }
+        totals
     }
 
     /// The newest outbox row's id.

@@ -58,6 +58,8 @@ pub(super) struct OpenParked {
     pub(super) offset: i64,
     pub(super) status: String,
     pub(super) reason: String,
+    /// An operator asked for a retry the consumer has not carried out yet.
+    pub(super) retry_requested: bool,
 }
 
 /// What one inbox under test has recorded about the events.
@@ -101,63 +103,105 @@ impl InboxView {
     }
 }
 
+/// What became of one event.
+#[derive(Debug)]
+pub(super) enum State {
+    /// Done; what it counts for.
+    Done(Settled),
+    /// May come right with time: why it is not done yet.
+    Waiting(String),
+    /// Will not come right by waiting: a false pass if ignored.
+    Problem(String),
+}
+
 /// The verdict over every event.
+#[cfg(test)]
 #[derive(Debug, Default)]
 pub(super) struct Verdict {
     pub(super) settled: Settled,
-    /// Still waiting: may come right with time.
     pub(super) waiting: Vec<String>,
-    /// Will not come right by waiting: a false pass if ignored.
     pub(super) problems: Vec<String>,
 }
 
-/// Judges every event against every inbox that reads its topic. `unconsumed` are the
-/// topics the test declared that no inbox under test reads.
+impl Settled {
+    pub(super) fn add(&mut self, other: &Settled) {
+        self.published += other.published;
+        self.discarded += other.discarded;
+        self.unconsumed += other.unconsumed;
+        self.consumed += other.consumed;
+        self.applied += other.applied;
+        self.ignored += other.ignored;
+        self.discarded_by_inbox += other.discarded_by_inbox;
+    }
+}
+
+/// Judges every event (see [`judge_event`]) and sums up.
+#[cfg(test)]
 pub(super) fn judge(events: &[EventRow], inboxes: &[InboxView], unconsumed: &BTreeSet<String>) -> Verdict {
     let mut verdict = Verdict::default();
     for event in events {
-        if event.status == "discarded" {
-            verdict.settled.discarded += 1;
-            continue;
-        }
-        if event.status == "failed" {
-            verdict.problems.push(format!(
-                "{event} failed at the relay after {} attempt(s): {}",
-                event.attempts,
-                event.last_error.as_deref().unwrap_or("no error recorded")
-            ));
-            continue;
-        }
-        let readers: Vec<&InboxView> = inboxes.iter().filter(|inbox| inbox.reads(&event.topic)).collect();
-        if readers.is_empty() && !unconsumed.contains(&event.topic) {
-            verdict.problems.push(format!(
-                "{event} goes to topic {}, which no inbox under test reads ({}); subscribe the inbox to it, \
-                 or declare it with HarnessBuilder::unconsumed_topic({:?})",
-                event.topic,
-                describe_readers(inboxes),
-                event.topic
-            ));
-            continue;
-        }
-        if event.status != "published" {
-            let why = match (&event.last_error, event.attempts) {
-                (Some(error), _) => format!("last error: {error}"),
-                (None, 0) => "not yet sent".to_owned(),
-                (None, n) => format!("{n} attempt(s), no error recorded"),
-            };
-            verdict.waiting.push(format!("{event} not yet published ({why})"));
-            continue;
-        }
-        verdict.settled.published += 1;
-        if readers.is_empty() {
-            verdict.settled.unconsumed += 1;
-            continue;
-        }
-        for inbox in readers {
-            judge_one(event, inbox, &mut verdict);
+        match judge_event(event, inboxes, unconsumed) {
+            State::Done(counts) => verdict.settled.add(&counts),
+            State::Waiting(why) => verdict.waiting.push(why),
+            State::Problem(why) => verdict.problems.push(why),
         }
     }
     verdict
+}
+
+/// Judges one event against every inbox that reads its topic. `unconsumed` are the topics
+/// the test declared that no inbox under test reads.
+pub(super) fn judge_event(event: &EventRow, inboxes: &[InboxView], unconsumed: &BTreeSet<String>) -> State {
+    let mut counts = Settled::default();
+    if event.status == "discarded" {
+        counts.discarded = 1;
+        return State::Done(counts);
+    }
+    if event.status == "failed" {
+        return State::Problem(format!(
+            "{event} failed at the relay after {} attempt(s): {}",
+            event.attempts,
+            event.last_error.as_deref().unwrap_or("no error recorded")
+        ));
+    }
+    let readers: Vec<&InboxView> = inboxes.iter().filter(|inbox| inbox.reads(&event.topic)).collect();
+    if readers.is_empty() && !unconsumed.contains(&event.topic) {
+        return State::Problem(format!(
+            "{event} goes to topic {}, which no inbox under test reads ({}); subscribe the inbox to it, \
+             or declare it with HarnessBuilder::unconsumed_topic({:?})",
+            event.topic,
+            describe_readers(inboxes),
+            event.topic
+        ));
+    }
+    if event.status != "published" {
+        let why = match (&event.last_error, event.attempts) {
+            (Some(error), _) => format!("last error: {error}"),
+            (None, 0) => "not yet sent".to_owned(),
+            (None, n) => format!("{n} attempt(s), no error recorded"),
+        };
+        return State::Waiting(format!("{event} not yet published ({why})"));
+    }
+    counts.published = 1;
+    if readers.is_empty() {
+        counts.unconsumed = 1;
+        return State::Done(counts);
+    }
+    let (mut waiting, mut problems) = (Vec::new(), Vec::new());
+    for inbox in readers {
+        match judge_one(event, inbox) {
+            State::Done(one) => counts.add(&one),
+            State::Waiting(why) => waiting.push(why),
+            State::Problem(why) => problems.push(why),
+        }
+    }
+    if !problems.is_empty() {
+        State::Problem(problems.join("; "))
+    } else if !waiting.is_empty() {
+        State::Waiting(waiting.join("; "))
+    } else {
+        State::Done(counts)
+    }
 }
 
 fn describe_readers(inboxes: &[InboxView]) -> String {
@@ -175,48 +219,62 @@ fn describe_readers(inboxes: &[InboxView]) -> String {
 }
 
 /// One published event in one inbox that reads its topic.
-fn judge_one(event: &EventRow, inbox: &InboxView, verdict: &mut Verdict) {
+fn judge_one(event: &EventRow, inbox: &InboxView) -> State {
     let consumer = &inbox.consumer;
+    let mut counts = Settled::default();
     if let Some(open) = inbox.open_for(event) {
-        verdict.problems.push(format!(
+        let what = format!(
             "{event} was {} by inbox `{consumer}` as parked message {} ({}[{}]@{}): {}",
             open.status, open.id, open.topic, open.partition, open.offset, open.reason
-        ));
-        return;
+        );
+        // An operator's retry is on its way: the consumer carries it out within its
+        // operator_poll_interval.
+        return if open.retry_requested {
+            State::Waiting(format!("{what}; a retry is requested"))
+        } else {
+            State::Problem(what)
+        };
     }
+    // `None`: the relay recorded no offset for it, so its outcome row alone says it is done.
     let committed = inbox.committed_past(event);
     match inbox.outcomes.get(&event.event_id).map(String::as_str) {
-        Some("stale") => verdict.problems.push(format!(
+        Some("stale") => State::Problem(format!(
             "{event} was absorbed as stale by inbox `{consumer}`, not applied: its aggregate_version is not \
              newer than the last one it applied for aggregate {}",
             event.aggregate_id
         )),
-        Some(outcome) if committed == Some(true) || (committed.is_none() && outcome != "applied") => {
-            verdict.settled.consumed += 1;
+        Some(outcome) if committed != Some(false) => {
+            counts.consumed = 1;
             if outcome == "discarded" {
-                verdict.settled.discarded_by_inbox += 1;
+                counts.discarded_by_inbox = 1;
             } else {
-                verdict.settled.applied += 1;
+                counts.applied = 1;
             }
+            State::Done(counts)
         }
-        Some(_) => verdict.waiting.push(format!(
+        Some(_) => State::Waiting(format!(
             "{event} applied by inbox `{consumer}`, its offset not yet committed ({})",
             inbox.committed_text(event)
         )),
         None if committed == Some(true) => {
             if inbox.ignored.contains(&(event.event_type.clone(), event.schema_version)) {
-                verdict.settled.consumed += 1;
-                verdict.settled.ignored += 1;
+                counts.consumed = 1;
+                counts.ignored = 1;
+                State::Done(counts)
             } else {
-                verdict.problems.push(format!(
+                State::Problem(format!(
                     "{event} was passed over by inbox `{consumer}` without an outcome: {}, past the record, \
                      and it has no inbox or parked row of it (a consumer group shared with another \
                      consumer, or auto.offset.reset=latest?)",
                     inbox.committed_text(event)
-                ));
+                ))
             }
         }
-        None => verdict.waiting.push(format!(
+        None if committed.is_none() => State::Waiting(format!(
+            "{event} has no Kafka offset recorded, so whether inbox `{consumer}` passed it cannot be told; \
+             it has no inbox or parked row of it yet"
+        )),
+        None => State::Waiting(format!(
             "{event} published, not yet consumed by inbox `{consumer}` ({})",
             inbox.committed_text(event)
         )),
@@ -305,6 +363,7 @@ mod tests {
             offset: 5,
             status: "parked".into(),
             reason: "no handler".into(),
+            retry_requested: false,
         });
         view.outcomes.insert(Uuid::from_u128(3), "stale".into());
         let verdict = judge(&events, &[view], &BTreeSet::new());
@@ -313,5 +372,70 @@ mod tests {
         assert!(all.contains("invoices[0]@5) was parked by inbox `billing` as parked message 7 (invoices[0]@5): no handler"), "{all}");
         assert!(all.contains("absorbed as stale"), "{all}");
         assert_eq!(verdict.problems.len(), 3);
+    }
+
+    /// A parked record with an operator's retry requested is on its way, not a failure;
+    /// an applied event whose offset the relay did not record is done by its row alone.
+    #[test]
+    fn a_requested_retry_waits_and_an_unplaced_applied_event_is_done() {
+        let mut view = inbox(&["invoices"]);
+        view.open.push(OpenParked {
+            id: 3,
+            event_id: Some(Uuid::from_u128(1)),
+            topic: "invoices".into(),
+            partition: 0,
+            offset: 0,
+            status: "parked".into(),
+            reason: "handler failed".into(),
+            retry_requested: true,
+        });
+        let verdict = judge(&[event(1, "invoices", "published", Some(0))], &[view], &BTreeSet::new());
+        assert!(verdict.problems.is_empty(), "{verdict:?}");
+        assert!(verdict.waiting[0].ends_with("a retry is requested"), "{verdict:?}");
+
+        let mut view = inbox(&["invoices"]);
+        view.outcomes.insert(Uuid::from_u128(1), "applied".into());
+        let mut unplaced = event(1, "invoices", "published", Some(-1));
+        unplaced.partition = Some(0);
+        let verdict = judge(&[unplaced], &[view], &BTreeSet::new());
+        assert!(verdict.waiting.is_empty() && verdict.problems.is_empty(), "{verdict:?}");
+        assert_eq!(verdict.settled.applied, 1);
+    }
+
+    /// Only what `Handlers` really ignores counts as ignored: a typed handler for a version
+    /// wins over `ignore` of its type.
+    #[test]
+    fn a_typed_handler_wins_over_ignore() {
+        struct H;
+        impl crate::inbox::RawHandler for H {
+            async fn handle(
+                &self,
+                _: &mut sqlx::PgConnection,
+                _: &[u8],
+                _: &crate::inbox::Meta,
+            ) -> Result<(), crate::inbox::HandlerError> {
+                Ok(())
+            }
+        }
+        let handlers = crate::inbox::Handlers::new().ignore("invoice.issued");
+        assert!(handlers.ignores("invoice.issued", 2));
+        assert!(!handlers.ignores("invoice.paid", 1));
+        struct T;
+        impl crate::inbox::EventHandler<serde_json::Value> for T {
+            async fn handle(
+                &self,
+                _: &mut sqlx::PgConnection,
+                _: serde_json::Value,
+                _: &crate::inbox::Meta,
+            ) -> Result<(), crate::inbox::HandlerError> {
+                Ok(())
+            }
+        }
+        let typed = handlers.clone().on_type::<serde_json::Value, _>("invoice.issued", 2, T);
+        assert!(!typed.ignores("invoice.issued", 2), "v2 has a handler: not ignored");
+        assert!(typed.ignores("invoice.issued", 1), "other versions are");
+        let handlers = handlers.fallback(H);
+        assert!(handlers.ignores("invoice.issued", 2), "ignore comes before the fallback");
+        assert!(!handlers.ignores("invoice.paid", 1), "the fallback takes the rest");
     }
 }

@@ -49,18 +49,33 @@ pub(crate) async fn run(args: BrokerArgs) -> ExitCode {
         Ok(cluster) => cluster,
         Err(e) => {
             eprintln!("outbox: cannot start the mock cluster: {e}");
-            return ExitCode::from(1);
+            return ExitCode::from(3);
         }
     };
     for (name, partitions) in &topics {
         if let Err(e) = cluster.create_topic(name, *partitions, 1) {
             eprintln!("outbox: cannot create topic {name}: {e}");
-            return ExitCode::from(1);
+            return ExitCode::from(3);
         }
     }
     let bootstrap = cluster.bootstrap_servers();
+    // Listening for SIGTERM before anyone can learn the address: a script that stops the
+    // broker as soon as it has read it gets a clean stop.
+    #[cfg(unix)]
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(e) => {
+            eprintln!("outbox: cannot listen for SIGTERM: {e}");
+            return ExitCode::from(3);
+        }
+    };
     if let Some(path) = &args.addr_file {
-        if let Err(e) = std::fs::write(path, &bootstrap) {
+        // Written whole or not at all: a reader never sees half an address.
+        let partial = path.with_file_name(format!(
+            ".{}.partial",
+            path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+        ));
+        if let Err(e) = std::fs::write(&partial, &bootstrap).and_then(|()| std::fs::rename(&partial, path)) {
             eprintln!("outbox: {}: cannot write: {e}", path.display());
             return ExitCode::from(2);
         }
@@ -74,6 +89,12 @@ pub(crate) async fn run(args: BrokerArgs) -> ExitCode {
     }
     println!("export KAFKA_BROKERS={bootstrap}");
     println!("stop with Ctrl-C");
+    #[cfg(unix)]
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    #[cfg(not(unix))]
     outbox_runtime::signal::shutdown_signal().await;
     drop(cluster);
     ExitCode::SUCCESS
