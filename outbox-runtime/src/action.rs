@@ -85,6 +85,31 @@ impl ActionFilter {
         self
     }
 
+    /// Refuses a filter that cannot be what its caller meant: an empty event type, topic or
+    /// reason text (an unset shell variable would otherwise match every row, since every
+    /// reason contains ""), or `until` not after `since`.
+    pub(crate) fn validate(&self) -> Result<()> {
+        let empty =
+            |what: &str| Err(crate::error::Error::Config(format!("the action's filter: {what} is empty")));
+        if self.event_types.iter().any(|t| t.trim().is_empty()) {
+            return empty("an event type");
+        }
+        if self.topic.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            return empty("the topic");
+        }
+        if self.reason_contains.as_deref().is_some_and(str::is_empty) {
+            return empty("the reason text");
+        }
+        if let (Some(since), Some(until)) = (self.since, self.until) {
+            if until <= since {
+                return Err(crate::error::Error::Config(
+                    "the action's filter: until is not after since".to_owned(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The SQL condition on a table aliased `p` with its parameters from `$first`: event
     /// types, topic, reason text, since, until, in that order (see [`ActionFilter::binds`]).
     pub(crate) fn condition(first: usize, reason: &str, time: &str) -> String {

@@ -321,3 +321,71 @@ async fn an_outbox_without_the_latest_migration_says_run_migrate(pool: PgPool) {
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
     assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid --since \"yesterday-ish\""), "{bad:?}");
 }
+
+/// A filtered discard never hands the consumer a message it is about to discard: key kA's
+/// head and the matching message held behind it are both discarded, and only the one
+/// after them (another type) is handed over; on key kB, a matching message held behind an
+/// unmatched head is discarded (it will never apply) and nothing of kB is handed over.
+/// Every retry request ever set is logged by a trigger: the old code set one on kA's
+/// second message between the two discards, and skipped kB's as "held".
+#[sqlx::test(migrations = false)]
+async fn a_filtered_discard_hands_over_only_what_it_does_not_discard(pool: PgPool) {
+    let inbox =
+        Inbox::new(pool.clone(), InboxConfig::new("billing", "127.0.0.1:1", ["orders"]), Handlers::new())
+            .expect("inbox");
+    inbox.migrator().run(&pool).await.expect("migrate");
+    for (offset, key, event_type, status) in [
+        (0_i64, "kA", "invoice.issued", "parked"),
+        (1, "kA", "invoice.issued", "held"),
+        (2, "kA", "order.placed", "held"),
+        (3, "kB", "order.placed", "parked"),
+        (4, "kB", "invoice.issued", "held"),
+    ] {
+        sqlx::query(
+            "INSERT INTO inbox_parked (consumer, topic, kafka_partition, kafka_offset, record_key, headers, payload, \
+                                       event_id, event_type, schema_version, status, reason) \
+             VALUES ('billing', 'orders', 0, $1, $2, '{}', '', gen_random_uuid(), $3, 1, $4, 'r')",
+        )
+        .bind(offset)
+        .bind(key.as_bytes())
+        .bind(event_type)
+        .bind(status)
+        .execute(&pool)
+        .await
+        .expect("park");
+    }
+    sqlx::raw_sql(
+        "CREATE TABLE requested (id bigint NOT NULL); \
+         CREATE FUNCTION log_request() RETURNS trigger LANGUAGE plpgsql AS \
+           $$ BEGIN INSERT INTO requested VALUES (NEW.id); RETURN NEW; END $$; \
+         CREATE TRIGGER log_request AFTER UPDATE ON inbox_parked FOR EACH ROW \
+           WHEN (NEW.retry_requested_at IS NOT NULL AND OLD.retry_requested_at IS NULL) EXECUTE FUNCTION log_request();",
+    )
+    .execute(&pool)
+    .await
+    .expect("trigger");
+    let filter = ActionFilter::default().event_type("invoice.issued");
+    let done = inbox.admin().discard_matching(&filter, "refunded", "erin", false).await.expect("discard");
+    assert_eq!((done.matched, done.applied, done.skipped), (3, 3, 0), "{done:?}");
+    let statuses: Vec<String> = parked_rows(&pool).await.into_iter().map(|(_, s, _)| s).collect();
+    assert_eq!(statuses, ["discarded", "discarded", "held", "parked", "discarded"]);
+    let requested: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM requested ORDER BY id").fetch_all(&pool).await.expect("log");
+    assert_eq!(requested, [3], "only kA's third message was ever handed to the consumer");
+}
+
+/// An empty filter value (an unset shell variable) is refused, not a filter that matches
+/// every row.
+#[sqlx::test(migrations = false)]
+async fn an_empty_filter_value_is_refused(pool: PgPool) {
+    let admin = five_parked(&pool).await;
+    for filter in [
+        ActionFilter::default().reason_contains(""),
+        ActionFilter::default().topic(" "),
+        ActionFilter::default().event_type(""),
+    ] {
+        let refused = admin.discard_matching(&filter, "r", "erin", false).await.expect_err("refused");
+        assert!(matches!(refused, outbox_runtime::Error::Config(_)), "{refused:?}");
+    }
+    assert!(parked_rows(&pool).await.iter().all(|(_, s, _)| s != "discarded"), "nothing discarded");
+}

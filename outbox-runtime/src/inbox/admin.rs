@@ -159,7 +159,10 @@ impl InboxAdmin {
     /// [`InboxAdmin::discard`] in `tx`.
     async fn discard_in(&self, tx: &mut PgConnection, id: i64, reason: &str) -> Result<Discarded> {
         let hold_key = self.first_open(&mut *tx, id).await?;
-        discard_row(&mut *tx, &self.names, id, reason).await?;
+        // Read before the key's lock was taken: the consumer may have released it since.
+        if !discard_row(&mut *tx, &self.names, id, reason).await? {
+            return Err(Error::NotFound(format!("no parked message {id} for consumer {}", self.consumer)));
+        }
         let parked = &self.names.parked;
         let held_behind: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT count(*) FROM {parked} WHERE consumer = $1 AND hold_key = $2 AND status IN ('parked', 'held')"
@@ -267,15 +270,15 @@ pub(crate) async fn held_behind(
 }
 
 /// Marks parked row `id` discarded and records its event id, so that a later delivery of
-/// the same event is absorbed.
+/// the same event is absorbed; `false` when it was no longer open (released meanwhile).
 pub(crate) async fn discard_row(
     tx: &mut PgConnection,
     names: &InboxNames,
     id: i64,
     reason: &str,
-) -> Result<()> {
+) -> Result<bool> {
     let (parked, inbox) = (&names.parked, &names.inbox);
-    sqlx::query(AssertSqlSafe(format!(
+    let discarded = sqlx::query(AssertSqlSafe(format!(
         "UPDATE {parked} SET status = 'discarded', resolved_at = now(), retry_requested_at = NULL, \
                 reason = reason || '; discarded: ' || $2 \
          WHERE id = $1 AND status IN ('parked', 'held')"
@@ -283,7 +286,11 @@ pub(crate) async fn discard_row(
     .bind(id)
     .bind(super::store::storable_reason(reason))
     .execute(&mut *tx)
-    .await?;
+    .await?
+    .rows_affected();
+    if discarded == 0 {
+        return Ok(false);
+    }
     sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO {inbox} (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, outcome) \
          SELECT consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, 'discarded' \
@@ -293,5 +300,5 @@ pub(crate) async fn discard_row(
     .bind(id)
     .execute(&mut *tx)
     .await?;
-    Ok(())
+    Ok(true)
 }

@@ -67,6 +67,7 @@ impl Ops {
         reason: Option<&str>,
         set: &str,
     ) -> Result<ActionReport> {
+        filter.validate()?;
         let names = self.names();
         let t = &names.outbox;
         let condition = ActionFilter::condition(1, "p.last_error", "coalesce(p.failed_at, p.created_at)");

@@ -35,6 +35,7 @@ use crate::{Error, Result};
 
 mod harness;
 mod judge;
+mod watched;
 
 pub use self::harness::{Harness, HarnessBuilder, Settled};
 

@@ -3,9 +3,10 @@
 
 use sqlx::{AssertSqlSafe, PgConnection};
 
-use super::InboxAdmin;
+use super::{discard_row, held_behind, InboxAdmin};
 use crate::action::{ActionFilter, ActionReport, Audit, ACTION_BATCH, LISTED_IDS};
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::inbox::store::Store;
 
 impl InboxAdmin {
     /// Asks the running consumer to retry the parked messages matching `filter` that are
@@ -49,6 +50,7 @@ impl InboxAdmin {
         dry_run: bool,
         discard: Option<&str>,
     ) -> Result<ActionReport> {
+        filter.validate()?;
         let parked = &self.names.parked;
         let condition = ActionFilter::condition(2, "p.reason", "p.parked_at");
         // The first open message of its key: nothing open before it.
@@ -100,17 +102,17 @@ impl InboxAdmin {
         let mut tx = self.pool.begin().await?;
         let audit_id = audit.start(&mut tx, filter, report.matched).await?;
         report.audit_id = Some(audit_id);
-        // At least one transaction, so that an action that found nothing is recorded too.
-        let chunks: Vec<&[i64]> =
-            if matching.is_empty() { vec![&[]] } else { matching.chunks(ACTION_BATCH).collect() };
-        let mut first = Some(tx);
-        for ids in chunks {
-            let mut tx = match first.take() {
-                Some(tx) => tx,
-                None => self.pool.begin().await?,
-            };
-            let changed = match discard {
-                None => sqlx::query(AssertSqlSafe(request.as_str()))
+        let Some(reason) = discard else {
+            // At least one transaction, so that an action that found nothing is recorded too.
+            let chunks: Vec<&[i64]> =
+                if matching.is_empty() { vec![&[]] } else { matching.chunks(ACTION_BATCH).collect() };
+            let mut first = Some(tx);
+            for ids in chunks {
+                let mut tx = match first.take() {
+                    Some(tx) => tx,
+                    None => self.pool.begin().await?,
+                };
+                let changed = sqlx::query(AssertSqlSafe(request.as_str()))
                     .bind(&self.consumer)
                     .bind(&types)
                     .bind(&topic)
@@ -120,10 +122,33 @@ impl InboxAdmin {
                     .bind(ids)
                     .execute(&mut *tx)
                     .await?
-                    .rows_affected(),
-                Some(reason) => self.discard_each(&mut tx, ids, filter, reason).await?,
-            };
+                    .rows_affected();
+                let skipped = ids.len() as u64 - changed;
+                audit.add(&mut tx, audit_id, changed, skipped).await?;
+                tx.commit().await?;
+                report.applied += changed;
+                report.skipped += skipped;
+            }
+            return Ok(report);
+        };
+        tx.commit().await?;
+        // Discards go one message per transaction, each under its key's lock alone (a
+        // transaction holding several keys' locks could deadlock with the consumer, which
+        // locks a batch's keys in its own order); the audit row is brought up to date every
+        // ACTION_BATCH messages.
+        let mut remaining: std::collections::HashSet<i64> = matching.iter().copied().collect();
+        for ids in matching.chunks(ACTION_BATCH) {
+            let mut changed = 0;
+            for &id in ids {
+                remaining.remove(&id);
+                let mut tx = self.pool.begin().await?;
+                if self.discard_matched(&mut tx, id, filter, reason, &remaining).await? {
+                    changed += 1;
+                }
+                tx.commit().await?;
+            }
             let skipped = ids.len() as u64 - changed;
+            let mut tx = self.pool.begin().await?;
             audit.add(&mut tx, audit_id, changed, skipped).await?;
             tx.commit().await?;
             report.applied += changed;
@@ -132,44 +157,73 @@ impl InboxAdmin {
         Ok(report)
     }
 
-    /// Discards each of `ids` in order that is still open, still matches and is the first
-    /// open message of its key; returns how many.
-    async fn discard_each(
+    /// Discards parked message `id` if, under its key's lock, it is still open and still
+    /// matches `filter`; whether it did. A message held behind an earlier open one is
+    /// discarded too (it will never apply, and the earlier one still holds the rest). When
+    /// `id` was the first open message of its key, the next one is handed to the running
+    /// consumer, unless this action is about to discard it as well (`remaining`): the
+    /// consumer must not apply what the operator asked to discard.
+    async fn discard_matched(
         &self,
         tx: &mut PgConnection,
-        ids: &[i64],
+        id: i64,
         filter: &ActionFilter,
         reason: &str,
-    ) -> Result<u64> {
+        remaining: &std::collections::HashSet<i64>,
+    ) -> Result<bool> {
+        let parked = &self.names.parked;
+        type Row = (String, Option<Vec<u8>>, Option<Vec<u8>>);
+        let row: Option<Row> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT topic, record_key, hold_key FROM {parked} WHERE id = $1 AND consumer = $2"
+        )))
+        .bind(id)
+        .bind(&self.consumer)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some((topic, key, hold_key)) = row else { return Ok(false) };
+        Store::new(&self.names, &self.consumer).lock(tx, &topic, key.as_deref()).await?;
+        // Read again under the lock: the consumer may have released it meanwhile.
         let condition = ActionFilter::condition(3, "p.reason", "p.parked_at");
-        let still = format!(
-            "SELECT EXISTS (SELECT 1 FROM {} p WHERE p.id = $1 AND p.consumer = $2 AND p.status IN ('parked', 'held') \
-               AND {condition})",
-            self.names.parked
-        );
-        let (types, topic, text, since, until) = filter.binds();
-        let mut discarded = 0;
-        for &id in ids {
-            let matches: bool = sqlx::query_scalar(AssertSqlSafe(still.as_str()))
-                .bind(id)
-                .bind(&self.consumer)
-                .bind(&types)
-                .bind(&topic)
-                .bind(&text)
-                .bind(since)
-                .bind(until)
-                .fetch_one(&mut *tx)
+        let (types, topic_filter, text, since, until) = filter.binds();
+        let still: bool = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT EXISTS (SELECT 1 FROM {parked} p WHERE p.id = $1 AND p.consumer = $2 \
+               AND p.status IN ('parked', 'held') AND {condition})"
+        )))
+        .bind(id)
+        .bind(&self.consumer)
+        .bind(&types)
+        .bind(&topic_filter)
+        .bind(&text)
+        .bind(since)
+        .bind(until)
+        .fetch_one(&mut *tx)
+        .await?;
+        if !still {
+            return Ok(false);
+        }
+        let was_first =
+            held_behind(tx, &self.names, &self.consumer, hold_key.as_deref(), id).await?.is_none();
+        if !discard_row(tx, &self.names, id, reason).await? {
+            return Ok(false);
+        }
+        if was_first {
+            let next: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT id FROM {parked} WHERE consumer = $1 AND hold_key = $2 AND status IN ('parked', 'held') \
+                 ORDER BY id LIMIT 1"
+            )))
+            .bind(&self.consumer)
+            .bind(hold_key.as_deref())
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(next) = next.filter(|next| !remaining.contains(next)) {
+                sqlx::query(AssertSqlSafe(format!(
+                    "UPDATE {parked} SET retry_requested_at = now() WHERE id = $1"
+                )))
+                .bind(next)
+                .execute(&mut *tx)
                 .await?;
-            if !matches {
-                continue;
-            }
-            match self.discard_in(tx, id, reason).await {
-                Ok(_) => discarded += 1,
-                // Released meanwhile, or held behind a message this action does not take.
-                Err(Error::NotFound(_) | Error::Conflict(_)) => {}
-                Err(e) => return Err(e),
             }
         }
-        Ok(discarded)
+        Ok(true)
     }
 }
