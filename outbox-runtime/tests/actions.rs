@@ -7,14 +7,14 @@
 
 use std::time::{Duration, SystemTime};
 
-use outbox_runtime::inbox::{Handlers, Inbox, InboxAdmin, InboxConfig};
+use outbox_runtime::inbox::InboxAdmin;
 use outbox_runtime::ops::ActionFilter;
 use outbox_runtime::Outbox;
 use sqlx::PgPool;
 
 mod common;
 
-use common::{append_pings, outbox_cli, stdout};
+use common::{append_pings, billing_inbox, outbox_cli, park, stdout, Parked};
 
 /// Six events: five failed (1 to 5) and one pending (6), with these types and errors.
 async fn five_failed(pool: &PgPool) -> Vec<uuid::Uuid> {
@@ -158,32 +158,25 @@ async fn the_cli_counts_first_and_acts_with_yes(pool: PgPool) {
 
 /// Consumer `billing`: heads of keys k1 to k5 parked (k1 with a message held behind it).
 async fn five_parked(pool: &PgPool) -> InboxAdmin {
-    let inbox =
-        Inbox::new(pool.clone(), InboxConfig::new("billing", "127.0.0.1:1", ["orders"]), Handlers::new())
-            .expect("inbox");
-    inbox.migrator().run(pool).await.expect("migrate");
-    for (offset, key, event_type, status, reason) in [
+    let inbox = billing_inbox(pool).await;
+    let rows = [
         (0_i64, "k1", "invoice.issued", "parked", "no handler for event type invoice.issued version 2"),
         (1, "k2", "invoice.issued", "parked", "handler failed: ledger closed"),
         (2, "k3", "invoice.issued", "parked", "no handler for event type invoice.issued version 2"),
         (3, "k4", "order.placed", "parked", "no handler for event type order.placed version 1"),
         (4, "k5", "invoice.issued", "parked", "No Handler for event type invoice.issued version 2"),
         (5, "k1", "invoice.issued", "held", "held behind parked message 1"),
-    ] {
-        sqlx::query(
-            "INSERT INTO inbox_parked (consumer, topic, kafka_partition, kafka_offset, record_key, headers, payload, \
-                                       event_id, event_type, schema_version, status, reason) \
-             VALUES ('billing', 'orders', 0, $1, $2, '{}', '', gen_random_uuid(), $3, 2, $4, $5)",
-        )
-        .bind(offset)
-        .bind(key.as_bytes())
-        .bind(event_type)
-        .bind(status)
-        .bind(reason)
-        .execute(pool)
-        .await
-        .expect("park");
-    }
+    ]
+    .map(|(offset, key, event_type, status, reason)| Parked {
+        partition: 0,
+        offset,
+        key,
+        event_type,
+        version: 2,
+        status,
+        reason,
+    });
+    park(pool, &rows).await;
     inbox.admin()
 }
 
@@ -330,30 +323,24 @@ async fn an_outbox_without_the_latest_migration_says_run_migrate(pool: PgPool) {
 /// second message between the two discards, and skipped kB's as "held".
 #[sqlx::test(migrations = false)]
 async fn a_filtered_discard_hands_over_only_what_it_does_not_discard(pool: PgPool) {
-    let inbox =
-        Inbox::new(pool.clone(), InboxConfig::new("billing", "127.0.0.1:1", ["orders"]), Handlers::new())
-            .expect("inbox");
-    inbox.migrator().run(&pool).await.expect("migrate");
-    for (offset, key, event_type, status) in [
+    let inbox = billing_inbox(&pool).await;
+    let rows = [
         (0_i64, "kA", "invoice.issued", "parked"),
         (1, "kA", "invoice.issued", "held"),
         (2, "kA", "order.placed", "held"),
         (3, "kB", "order.placed", "parked"),
         (4, "kB", "invoice.issued", "held"),
-    ] {
-        sqlx::query(
-            "INSERT INTO inbox_parked (consumer, topic, kafka_partition, kafka_offset, record_key, headers, payload, \
-                                       event_id, event_type, schema_version, status, reason) \
-             VALUES ('billing', 'orders', 0, $1, $2, '{}', '', gen_random_uuid(), $3, 1, $4, 'r')",
-        )
-        .bind(offset)
-        .bind(key.as_bytes())
-        .bind(event_type)
-        .bind(status)
-        .execute(&pool)
-        .await
-        .expect("park");
-    }
+    ]
+    .map(|(offset, key, event_type, status)| Parked {
+        partition: 0,
+        offset,
+        key,
+        event_type,
+        version: 1,
+        status,
+        reason: "r",
+    });
+    park(&pool, &rows).await;
     sqlx::raw_sql(
         "CREATE TABLE requested (id bigint NOT NULL); \
          CREATE FUNCTION log_request() RETURNS trigger LANGUAGE plpgsql AS \

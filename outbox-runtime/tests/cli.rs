@@ -9,7 +9,7 @@ use sqlx::PgPool;
 
 mod common;
 
-use common::{append_pings, database_url, outbox_cli, seed, stdout, Ping};
+use common::{append_pings, billing_inbox, database_url, outbox_cli, park, seed, stdout, Parked, Ping};
 
 #[sqlx::test(migrations = false)]
 async fn status_json_reports_counts_and_the_oldest_unpublished_age(pool: PgPool) {
@@ -163,28 +163,19 @@ async fn retrying_lists_events_waiting_for_a_retry_with_their_errors(pool: PgPoo
 
 #[sqlx::test(migrations = false)]
 async fn inbox_commands_list_request_retries_and_discard_parked_messages(pool: PgPool) {
-    let inbox = outbox_runtime::inbox::Inbox::new(
-        pool.clone(),
-        outbox_runtime::inbox::InboxConfig::new("billing", "127.0.0.1:1", ["orders"]),
-        outbox_runtime::inbox::Handlers::new(),
-    )
-    .expect("inbox");
-    inbox.migrator().run(&pool).await.expect("migrate");
+    billing_inbox(&pool).await;
     // One parked message of key k with one held behind it, and one parked of key j.
-    for (offset, key, status) in [(0_i64, "k", "parked"), (1, "k", "held"), (2, "j", "parked")] {
-        sqlx::query(
-            "INSERT INTO inbox_parked (consumer, topic, kafka_partition, kafka_offset, record_key, headers, payload, \
-                                       event_id, event_type, schema_version, status, reason) \
-             VALUES ('billing', 'orders', 0, $1, $2, '{}', 'PAYLOAD-MARKER', $3, 'order.confirmed', 1, $4, 'handler failed: boom')",
-        )
-        .bind(offset)
-        .bind(key.as_bytes())
-        .bind(uuid::Uuid::now_v7())
-        .bind(status)
-        .execute(&pool)
-        .await
-        .expect("park");
-    }
+    let rows =
+        [(0_i64, "k", "parked"), (1, "k", "held"), (2, "j", "parked")].map(|(offset, key, status)| Parked {
+            partition: 0,
+            offset,
+            key,
+            event_type: "order.confirmed",
+            version: 1,
+            status,
+            reason: "handler failed: boom",
+        });
+    park(&pool, &rows).await;
     let inbox_cli = |args: &[&str]| {
         let mut all = vec!["inbox", "--consumer", "billing"];
         all.extend_from_slice(args);

@@ -9,7 +9,7 @@ use sqlx::PgPool;
 
 mod common;
 
-use common::outbox_cli;
+use common::{billing_inbox, outbox_cli, park, Parked};
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -204,27 +204,19 @@ async fn an_unknown_consumer_is_refused_with_the_known_ones(pool: PgPool) {
 /// the CLI (exit 4), `InboxAdmin` and `Inbox::retry_parked` / `discard_parked` alike.
 #[sqlx::test(migrations = false)]
 async fn a_held_message_names_the_one_holding_it(pool: PgPool) {
-    let inbox = outbox_runtime::inbox::Inbox::new(
-        pool.clone(),
-        outbox_runtime::inbox::InboxConfig::new("billing", "127.0.0.1:1", ["orders"]),
-        outbox_runtime::inbox::Handlers::new(),
-    )
-    .expect("inbox");
-    inbox.migrator().run(&pool).await.expect("migrate");
-    for (offset, status, reason) in [(7_i64, "parked", "handler failed: boom"), (8, "held", "held behind 1")]
-    {
-        sqlx::query(
-            "INSERT INTO inbox_parked (consumer, topic, kafka_partition, kafka_offset, record_key, headers, payload, \
-                                       event_id, event_type, schema_version, status, reason) \
-             VALUES ('billing', 'orders', 3, $1, 'k', '{}', 'PAYLOAD-MARKER', gen_random_uuid(), 'order.confirmed', 1, $2, $3)",
-        )
-        .bind(offset)
-        .bind(status)
-        .bind(reason)
-        .execute(&pool)
-        .await
-        .expect("park");
-    }
+    let inbox = billing_inbox(&pool).await;
+    let rows = [(7_i64, "parked", "handler failed: boom"), (8, "held", "held behind 1")].map(
+        |(offset, status, reason)| Parked {
+            partition: 3,
+            offset,
+            key: "k",
+            event_type: "order.confirmed",
+            version: 1,
+            status,
+            reason,
+        },
+    );
+    park(&pool, &rows).await;
     let expected = "message 2 is held behind parked message 1 of its key: parked, topic orders, partition 3, \
                     offset 7, event type order.confirmed, reason: handler failed: boom. Release that one first: \
                     `outbox inbox --consumer billing retry 1` once its cause is fixed, or \

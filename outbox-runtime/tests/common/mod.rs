@@ -1,5 +1,6 @@
-//! What the `outbox` command line's tests (`cli.rs`, `cli_history.rs`) share: the event
-//! they append, the binary run against the test's database, and the rows they start from.
+//! What the `outbox` command line's tests share: the event they append, the binary run
+//! against the test's database, and the rows they start from (outbox events, and parked
+//! inbox messages of consumer `billing`).
 // Each test crate uses its own share of these.
 #![allow(dead_code)]
 
@@ -74,4 +75,48 @@ pub(crate) async fn seed(pool: &PgPool) -> Vec<uuid::Uuid> {
     .await
     .expect("states");
     ids
+}
+
+/// Consumer `billing`'s inbox on topic `orders` (no broker: it is only operated), its
+/// tables migrated.
+pub(crate) async fn billing_inbox(pool: &PgPool) -> outbox_runtime::inbox::Inbox {
+    use outbox_runtime::inbox::{Handlers, Inbox, InboxConfig};
+    let inbox =
+        Inbox::new(pool.clone(), InboxConfig::new("billing", "127.0.0.1:1", ["orders"]), Handlers::new())
+            .expect("inbox");
+    inbox.migrator().run(pool).await.expect("migrate");
+    inbox
+}
+
+/// A parked (or held) message of consumer `billing` in topic `orders`, with a payload
+/// marker that must never appear in operator output.
+pub(crate) struct Parked<'a> {
+    pub(crate) partition: i32,
+    pub(crate) offset: i64,
+    pub(crate) key: &'a str,
+    pub(crate) event_type: &'a str,
+    pub(crate) version: i32,
+    pub(crate) status: &'a str,
+    pub(crate) reason: &'a str,
+}
+
+/// Inserts `rows` into `billing`'s parked table, in order (ids 1, 2, ...).
+pub(crate) async fn park(pool: &PgPool, rows: &[Parked<'_>]) {
+    for row in rows {
+        sqlx::query(
+            "INSERT INTO inbox_parked (consumer, topic, kafka_partition, kafka_offset, record_key, headers, payload, \
+                                       event_id, event_type, schema_version, status, reason) \
+             VALUES ('billing', 'orders', $1, $2, $3, '{}', 'PAYLOAD-MARKER', gen_random_uuid(), $4, $5, $6, $7)",
+        )
+        .bind(row.partition)
+        .bind(row.offset)
+        .bind(row.key.as_bytes())
+        .bind(row.event_type)
+        .bind(row.version)
+        .bind(row.status)
+        .bind(row.reason)
+        .execute(pool)
+        .await
+        .expect("park");
+    }
 }
