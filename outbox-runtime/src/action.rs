@@ -97,7 +97,7 @@ impl ActionFilter {
         if self.topic.as_deref().is_some_and(|t| t.trim().is_empty()) {
             return empty("the topic");
         }
-        if self.reason_contains.as_deref().is_some_and(str::is_empty) {
+        if self.reason_contains.as_deref().is_some_and(|t| t.trim().is_empty()) {
             return empty("the reason text");
         }
         if let (Some(since), Some(until)) = (self.since, self.until) {

@@ -316,11 +316,12 @@ async fn an_outbox_without_the_latest_migration_says_run_migrate(pool: PgPool) {
 }
 
 /// A filtered discard never hands the consumer a message it is about to discard: key kA's
-/// head and the matching message held behind it are both discarded, and only the one
-/// after them (another type) is handed over; on key kB, a matching message held behind an
-/// unmatched head is discarded (it will never apply) and nothing of kB is handed over.
-/// Every retry request ever set is logged by a trigger: the old code set one on kA's
-/// second message between the two discards, and skipped kB's as "held".
+/// head, the matching message held behind it and the matching one behind an unmatched
+/// third are all discarded before the third is handed over; on key kB, a matching message
+/// held behind an unmatched head is discarded (it will never apply) and nothing of kB is
+/// handed over. Every retry request ever set is logged by a trigger with the matched
+/// messages still open behind it: earlier code handed kA's third over while its sixth was
+/// still to be discarded (the consumer would apply it), and before that skipped kB's.
 #[sqlx::test(migrations = false)]
 async fn a_filtered_discard_hands_over_only_what_it_does_not_discard(pool: PgPool) {
     let inbox = billing_inbox(&pool).await;
@@ -330,6 +331,7 @@ async fn a_filtered_discard_hands_over_only_what_it_does_not_discard(pool: PgPoo
         (2, "kA", "order.placed", "held"),
         (3, "kB", "order.placed", "parked"),
         (4, "kB", "invoice.issued", "held"),
+        (5, "kA", "invoice.issued", "held"),
     ]
     .map(|(offset, key, event_type, status)| Parked {
         partition: 0,
@@ -342,9 +344,11 @@ async fn a_filtered_discard_hands_over_only_what_it_does_not_discard(pool: PgPoo
     });
     park(&pool, &rows).await;
     sqlx::raw_sql(
-        "CREATE TABLE requested (id bigint NOT NULL); \
+        "CREATE TABLE requested (id bigint NOT NULL, matched_behind bigint NOT NULL); \
          CREATE FUNCTION log_request() RETURNS trigger LANGUAGE plpgsql AS \
-           $$ BEGIN INSERT INTO requested VALUES (NEW.id); RETURN NEW; END $$; \
+           $$ BEGIN INSERT INTO requested VALUES (NEW.id, (SELECT count(*) FROM inbox_parked q \
+                WHERE q.hold_key = NEW.hold_key AND q.id > NEW.id AND q.status IN ('parked', 'held') \
+                AND q.event_type = 'invoice.issued')); RETURN NEW; END $$; \
          CREATE TRIGGER log_request AFTER UPDATE ON inbox_parked FOR EACH ROW \
            WHEN (NEW.retry_requested_at IS NOT NULL AND OLD.retry_requested_at IS NULL) EXECUTE FUNCTION log_request();",
     )
@@ -353,12 +357,17 @@ async fn a_filtered_discard_hands_over_only_what_it_does_not_discard(pool: PgPoo
     .expect("trigger");
     let filter = ActionFilter::default().event_type("invoice.issued");
     let done = inbox.admin().discard_matching(&filter, "refunded", "erin", false).await.expect("discard");
-    assert_eq!((done.matched, done.applied, done.skipped), (3, 3, 0), "{done:?}");
+    assert_eq!((done.matched, done.applied, done.skipped), (4, 4, 0), "{done:?}");
     let statuses: Vec<String> = parked_rows(&pool).await.into_iter().map(|(_, s, _)| s).collect();
-    assert_eq!(statuses, ["discarded", "discarded", "held", "parked", "discarded"]);
-    let requested: Vec<i64> =
-        sqlx::query_scalar("SELECT id FROM requested ORDER BY id").fetch_all(&pool).await.expect("log");
-    assert_eq!(requested, [3], "only kA's third message was ever handed to the consumer");
+    assert_eq!(statuses, ["discarded", "discarded", "held", "parked", "discarded", "discarded"]);
+    let requested: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT id, matched_behind FROM requested").fetch_all(&pool).await.expect("log");
+    assert_eq!(
+        requested,
+        [(3, 0)],
+        "only kA's third message was ever handed to the consumer, and only once no matched message \
+         was left behind it (the consumer would have applied kA's sixth)"
+    );
 }
 
 /// An empty filter value (an unset shell variable) is refused, not a filter that matches

@@ -10,6 +10,8 @@ use outbox_runtime::rdkafka::ClientConfig;
 fn dev_broker_serves_its_topics_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().expect("tmp");
     let addr_file = dir.path().join("addr");
+    // An earlier run's address is not taken for this one's.
+    std::fs::write(&addr_file, "127.0.0.1:1").expect("stale file");
     let broker = Command::new(env!("CARGO_BIN_EXE_outbox"))
         .env_remove("DATABASE_URL")
         .args(["broker", "--topic", "orders:3", "--topic", "audit", "--addr-file"])
@@ -18,7 +20,9 @@ fn dev_broker_serves_its_topics_and_stops_on_sigterm() {
         .spawn()
         .expect("start broker");
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !addr_file.exists() && Instant::now() < deadline {
+    while std::fs::read_to_string(&addr_file).map_or(true, |a| a == "127.0.0.1:1")
+        && Instant::now() < deadline
+    {
         std::thread::sleep(Duration::from_millis(50));
     }
     let bootstrap = std::fs::read_to_string(&addr_file).expect("the broker wrote its address");
@@ -40,6 +44,7 @@ fn dev_broker_serves_its_topics_and_stops_on_sigterm() {
     let said = String::from_utf8_lossy(&exit.stdout);
     assert!(said.contains(&format!("export KAFKA_BROKERS={bootstrap}")), "{said}");
     assert!(said.contains("topics: orders (3 partitions), audit (6 partitions)"), "{said}");
+    assert!(!addr_file.exists(), "the address goes with the broker");
 }
 
 #[test]

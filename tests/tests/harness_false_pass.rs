@@ -245,11 +245,11 @@ async fn applied_ignored_and_declared_unconsumed_events_settle_and_are_counted(p
     harness.stop().await.expect("stops cleanly");
 }
 
-/// Published, then deleted by the relay's cleanup (retention 0) while the inbox is still
-/// busy with it: the event never got its outcome, and settle says so instead of finding
-/// an empty table and returning `Ok(Settled::default())`.
+/// A relay whose cleanup would delete published events before the inboxes consume them
+/// is refused when the harness starts; and an event purged while settle waits for it
+/// fails settle, naming it, instead of vanishing into `Ok(Settled::default())`.
 #[sqlx::test(migrations = false)]
-async fn an_event_cleaned_up_before_its_outcome_fails_settle(pool: PgPool) {
+async fn an_event_deleted_before_its_outcome_fails_settle(pool: PgPool) {
     struct Slow;
     impl EventHandler<InvoiceVoided> for Slow {
         async fn handle(&self, _: &mut PgConnection, _: InvoiceVoided, _: &Meta) -> Result<(), HandlerError> {
@@ -260,20 +260,44 @@ async fn an_event_cleaned_up_before_its_outcome_fails_settle(pool: PgPool) {
     let outbox = set_up(&pool).await;
     let kafka = EmbeddedKafka::start().expect("broker");
     kafka.create_topic(InvoiceVoided::TOPIC, 1).await.expect("topic");
-    let config = RelayConfig::new(kafka.bootstrap()).poll_interval(Duration::from_millis(100)).cleanup(
+    let quick_cleanup = RelayConfig::new(kafka.bootstrap()).cleanup(
         outbox_runtime::relay::Cleanup::default().retention(Duration::ZERO).interval(Duration::from_secs(1)),
     );
-    let relay = Relay::new(pool.clone(), outbox.clone(), config).expect("relay");
-    let inbox =
-        inbox(&pool, &kafka, InvoiceVoided::TOPIC, Handlers::new().on::<InvoiceVoided, _>(Slow)).await;
-    let mut harness = Harness::start(relay, inbox).expect("harness");
-    let ids = append(&pool, &outbox, &[InvoiceVoided { invoice: "inv-7".into() }]).await;
+    let relay = Relay::new(pool.clone(), outbox.clone(), quick_cleanup).expect("relay");
+    let handlers = || Handlers::new().on::<InvoiceVoided, _>(Slow);
+    let inbox_a = inbox(&pool, &kafka, InvoiceVoided::TOPIC, handlers()).await;
+    let refused = Harness::start(relay, inbox_a).expect_err("a cleanup shorter than the settle timeout");
+    assert!(
+        refused.to_string().contains("cleanup retention (0ns) is shorter than the harness's settle timeout"),
+        "{refused}"
+    );
 
+    let inbox_b = inbox(&pool, &kafka, InvoiceVoided::TOPIC, handlers()).await;
+    let mut harness =
+        Harness::start(relay_without_cleanup(&pool, &outbox, &kafka), inbox_b).expect("harness");
+    let ids = append(&pool, &outbox, &[InvoiceVoided { invoice: "inv-7".into() }]).await;
+    // An operator's purge, once the relay published it and while the handler is busy.
+    let purger = {
+        let (pool, outbox) = (pool.clone(), outbox.clone());
+        tokio::spawn(async move {
+            while outbox_tests::rows_in(&pool, "published").await == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            outbox.ops().purge(&pool, Duration::ZERO, 100, |_| {}).await.expect("purge")
+        })
+    };
     let message = problem(harness.settle_within(Duration::from_secs(20)).await);
+    assert_eq!(purger.await.expect("purger"), 1);
     assert!(message.contains(&ids[0].to_string()), "names the event: {message}");
     assert!(
         message.contains("was deleted from the outbox (cleanup or purge) before it had its outcome"),
         "{message}"
     );
     let _ = harness.stop().await;
+}
+
+fn relay_without_cleanup(pool: &PgPool, outbox: &Outbox, kafka: &EmbeddedKafka) -> Relay {
+    let config = RelayConfig::new(kafka.bootstrap()).poll_interval(Duration::from_millis(100)).cleanup(None);
+    Relay::new(pool.clone(), outbox.clone(), config).expect("relay")
 }

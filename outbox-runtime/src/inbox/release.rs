@@ -119,12 +119,14 @@ impl Inbox {
             bool,
             Option<serde_json::Value>,
         );
-        // The next open message of the key, read under the key's lock each time, so that
-        // messages arriving during the release are released too, in order.
+        // The next open message of the key, read under the key's lock each time (and the row
+        // locked: a message without a key has no key lock, and an operator's discard must
+        // wait for this transaction), so that messages arriving during the release are
+        // released too, in order.
         let next_open = format!(
             "SELECT id, kafka_partition, kafka_offset, record_key, headers, payload, null_value, raw_headers \
              FROM {parked} WHERE consumer = $1 AND status IN ('parked', 'held') \
-             AND (id = $2 OR (hold_key = $3 AND id > $2)) ORDER BY id LIMIT 1"
+             AND (id = $2 OR (hold_key = $3 AND id > $2)) ORDER BY id LIMIT 1 FOR UPDATE"
         );
         let mut released = Released::default();
         loop {

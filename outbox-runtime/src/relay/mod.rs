@@ -158,6 +158,12 @@ impl Relay {
         &self.pool
     }
 
+    /// How long its cleanup keeps published rows (`None`: no cleanup).
+    #[cfg(feature = "testing")]
+    pub(crate) fn cleanup_retention(&self) -> Option<std::time::Duration> {
+        self.config.cleanup.as_ref().map(crate::relay::Cleanup::get_retention)
+    }
+
     /// The outbox it relays.
     #[cfg(feature = "testing")]
     pub(crate) fn outbox(&self) -> &Outbox {

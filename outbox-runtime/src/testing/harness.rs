@@ -83,6 +83,16 @@ impl HarnessBuilder {
     /// # Panics
     /// Outside a tokio runtime.
     pub fn start(self) -> Result<Harness> {
+        // A cleanup that deletes published rows before the inboxes consumed them would
+        // leave settle nothing to judge them by.
+        if let Some(retention) = self.relay.cleanup_retention().filter(|r| *r < self.timeout) {
+            return Err(Error::Config(format!(
+                "the relay's cleanup retention ({retention:?}) is shorter than the harness's settle timeout \
+                 ({:?}): published events could be deleted before the inboxes give them an outcome; \
+                 use a longer retention, or none (RelayConfig::cleanup(None))",
+                self.timeout
+            )));
+        }
         let stop = CancellationToken::new();
         let pool = self.relay.pool().clone();
         let outbox_table = self.relay.outbox().names().outbox.clone();
@@ -109,6 +119,7 @@ impl HarnessBuilder {
             relay: Some(relay),
             inboxes,
             done: HashMap::new(),
+            unfinished: HashMap::new(),
             stop,
         })
     }
@@ -142,6 +153,9 @@ pub struct Harness {
     /// Events found done, with what each counts for: one deleted since (cleanup, purge)
     /// still counts.
     done: HashMap<Uuid, Settled>,
+    /// Events seen not done (in this call or an earlier one), described: each must get
+    /// its outcome before it may leave the table.
+    unfinished: HashMap<Uuid, String>,
     stop: CancellationToken,
 }
 
@@ -203,9 +217,6 @@ impl Harness {
     pub async fn settle_within(&mut self, timeout: Duration) -> Result<Settled> {
         let started = Instant::now();
         let Some(mut watermark) = self.last_id().await? else { return Ok(self.totals()) };
-        // Events seen not done in this call: each must get its outcome before it may leave
-        // the table.
-        let mut unfinished: HashMap<Uuid, String> = HashMap::new();
         loop {
             self.check_running().await?;
             let events = self.events(watermark).await?;
@@ -215,7 +226,7 @@ impl Harness {
             }
             let (mut waiting, mut problems) = (Vec::new(), Vec::new());
             let present: HashSet<Uuid> = events.iter().map(|e| e.event_id).collect();
-            for (id, event) in &unfinished {
+            for (id, event) in &self.unfinished {
                 if !present.contains(id) {
                     problems.push(format!(
                         "{event} was deleted from the outbox (cleanup or purge) before it had its outcome: \
@@ -226,12 +237,12 @@ impl Harness {
             for event in &events {
                 match judge_event(event, &views, &self.unconsumed) {
                     State::Done(counts) => {
-                        unfinished.remove(&event.event_id);
+                        self.unfinished.remove(&event.event_id);
                         self.done.insert(event.event_id, counts);
                     }
                     State::Waiting(why) => {
                         self.done.remove(&event.event_id);
-                        unfinished.insert(event.event_id, event.to_string());
+                        self.unfinished.insert(event.event_id, event.to_string());
                         waiting.push(why);
                     }
                     State::Problem(why) => problems.push(why),
@@ -242,9 +253,14 @@ impl Harness {
             }
             if waiting.is_empty() {
                 // Events the handlers appended meanwhile (a follow-up in the transaction that
-                // applied one) are part of what the test waits for.
-                match self.last_id().await? {
+                // applied one) are part of what the test waits for: a newer row, or one below
+                // the watermark that committed after the rows were read (ids are taken at
+                // insert, not at commit).
+                let newest = self.last_id().await?;
+                let late = self.events(watermark).await?.iter().any(|e| !present.contains(&e.event_id));
+                match newest {
                     Some(last) if last > watermark => watermark = last,
+                    _ if late => {}
                     _ => return Ok(self.totals()),
                 }
             }

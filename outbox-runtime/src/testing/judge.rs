@@ -60,6 +60,8 @@ pub(super) struct OpenParked {
     pub(super) reason: String,
     /// An operator asked for a retry the consumer has not carried out yet.
     pub(super) retry_requested: bool,
+    /// Its key (topic and record key, hashed): what holds it back.
+    pub(super) hold_key: Option<Vec<u8>>,
 }
 
 /// What one inbox under test has recorded about the events.
@@ -227,9 +229,16 @@ fn judge_one(event: &EventRow, inbox: &InboxView) -> State {
             "{event} was {} by inbox `{consumer}` as parked message {} ({}[{}]@{}): {}",
             open.status, open.id, open.topic, open.partition, open.offset, open.reason
         );
-        // An operator's retry is on its way: the consumer carries it out within its
-        // operator_poll_interval.
-        return if open.retry_requested {
+        // An operator's retry is on its way, for it or for the first open message of its
+        // key (the consumer then releases the ones behind it, one transaction each): the
+        // consumer carries it out within its operator_poll_interval.
+        let head = inbox
+            .open
+            .iter()
+            .filter(|p| p.hold_key.is_some() && p.hold_key == open.hold_key)
+            .min_by_key(|p| p.id);
+        let released = open.status == "held" && head.is_none_or(|h| h.id == open.id || h.retry_requested);
+        return if open.retry_requested || released {
             State::Waiting(format!("{what}; a retry is requested"))
         } else {
             State::Problem(what)
@@ -364,6 +373,7 @@ mod tests {
             status: "parked".into(),
             reason: "no handler".into(),
             retry_requested: false,
+            hold_key: Some(b"k".to_vec()),
         });
         view.outcomes.insert(Uuid::from_u128(3), "stale".into());
         let verdict = judge(&events, &[view], &BTreeSet::new());
@@ -388,10 +398,25 @@ mod tests {
             status: "parked".into(),
             reason: "handler failed".into(),
             retry_requested: true,
+            hold_key: Some(b"k".to_vec()),
         });
-        let verdict = judge(&[event(1, "invoices", "published", Some(0))], &[view], &BTreeSet::new());
+        // A message held behind it waits too: the release reaches it next.
+        view.open.push(OpenParked {
+            id: 4,
+            event_id: Some(Uuid::from_u128(2)),
+            topic: "invoices".into(),
+            partition: 0,
+            offset: 1,
+            status: "held".into(),
+            reason: "held behind parked message 3".into(),
+            retry_requested: false,
+            hold_key: Some(b"k".to_vec()),
+        });
+        let events = [event(1, "invoices", "published", Some(0)), event(2, "invoices", "published", Some(1))];
+        let verdict = judge(&events, &[view], &BTreeSet::new());
         assert!(verdict.problems.is_empty(), "{verdict:?}");
         assert!(verdict.waiting[0].ends_with("a retry is requested"), "{verdict:?}");
+        assert!(verdict.waiting[1].contains("was held by inbox"), "{verdict:?}");
 
         let mut view = inbox(&["invoices"]);
         view.outcomes.insert(Uuid::from_u128(1), "applied".into());

@@ -75,9 +75,9 @@ impl Watched {
         .bind(&ids)
         .fetch_all(&mut *tx)
         .await?;
-        type Open = (i64, Option<Uuid>, String, i32, i64, String, String, bool);
+        type Open = (i64, Option<Uuid>, String, i32, i64, String, String, bool, Option<Vec<u8>>);
         let open: Vec<Open> = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT id, event_id, topic, kafka_partition, kafka_offset, status, reason, retry_requested_at IS NOT NULL \
+            "SELECT id, event_id, topic, kafka_partition, kafka_offset, status, reason, retry_requested_at IS NOT NULL, hold_key \
              FROM {} WHERE consumer = $1 AND status IN ('parked', 'held') ORDER BY id",
             self.parked_table
         )))
@@ -98,15 +98,18 @@ impl Watched {
             outcomes: outcomes.into_iter().collect::<HashMap<_, _>>(),
             open: open
                 .into_iter()
-                .map(|(id, event_id, topic, partition, offset, status, reason, retry_requested)| OpenParked {
-                    id,
-                    event_id,
-                    topic,
-                    partition,
-                    offset,
-                    status,
-                    reason,
-                    retry_requested,
+                .map(|(id, event_id, topic, partition, offset, status, reason, retry_requested, hold_key)| {
+                    OpenParked {
+                        id,
+                        event_id,
+                        topic,
+                        partition,
+                        offset,
+                        status,
+                        reason,
+                        retry_requested,
+                        hold_key,
+                    }
                 })
                 .collect(),
             committed,

@@ -45,6 +45,17 @@ pub(crate) async fn run(args: BrokerArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // A file left by an earlier run would hand a waiting script a dead address.
+    if let Some(path) = &args.addr_file {
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                eprintln!("outbox: {}: cannot remove the old address: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        }
+    }
     let cluster = match MockCluster::new(args.brokers) {
         Ok(cluster) => cluster,
         Err(e) => {
@@ -62,11 +73,14 @@ pub(crate) async fn run(args: BrokerArgs) -> ExitCode {
     // Listening for SIGTERM before anyone can learn the address: a script that stops the
     // broker as soon as it has read it gets a clean stop.
     #[cfg(unix)]
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(term) => term,
-        Err(e) => {
-            eprintln!("outbox: cannot listen for SIGTERM: {e}");
-            return ExitCode::from(3);
+    let (mut term, mut interrupt) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+            (Ok(term), Ok(interrupt)) => (term, interrupt),
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("outbox: cannot listen for SIGTERM and SIGINT: {e}");
+                return ExitCode::from(3);
+            }
         }
     };
     if let Some(path) = &args.addr_file {
@@ -76,6 +90,7 @@ pub(crate) async fn run(args: BrokerArgs) -> ExitCode {
             path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
         ));
         if let Err(e) = std::fs::write(&partial, &bootstrap).and_then(|()| std::fs::rename(&partial, path)) {
+            let _ = std::fs::remove_file(&partial);
             eprintln!("outbox: {}: cannot write: {e}", path.display());
             return ExitCode::from(2);
         }
@@ -92,11 +107,15 @@ pub(crate) async fn run(args: BrokerArgs) -> ExitCode {
     #[cfg(unix)]
     tokio::select! {
         _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+        _ = interrupt.recv() => {}
     }
     #[cfg(not(unix))]
     outbox_runtime::signal::shutdown_signal().await;
     drop(cluster);
+    // The address is gone with the broker: a script waiting for the file must not find it.
+    if let Some(path) = &args.addr_file {
+        let _ = std::fs::remove_file(path);
+    }
     ExitCode::SUCCESS
 }
 

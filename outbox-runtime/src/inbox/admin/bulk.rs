@@ -3,7 +3,7 @@
 
 use sqlx::{AssertSqlSafe, PgConnection};
 
-use super::{discard_row, held_behind, InboxAdmin};
+use super::{discard_row, InboxAdmin};
 use crate::action::{ActionFilter, ActionReport, Audit, ACTION_BATCH, LISTED_IDS};
 use crate::error::Result;
 use crate::inbox::store::Store;
@@ -27,11 +27,15 @@ impl InboxAdmin {
         self.act(filter, actor, dry_run, None).await.map_err(|e| self.names.not_migrated(e))
     }
 
-    /// Discards the open (parked or held) messages matching `filter`, in id order, as
-    /// [`InboxAdmin::discard`] does one: they never apply, and the running consumer applies
-    /// the messages held behind them. A matching message held behind one that is neither
-    /// matched nor released is skipped. Dry run, batches and the audit row as for
-    /// [`InboxAdmin::retry_matching`].
+    /// Discards the open (parked or held) messages matching `filter`: they never apply
+    /// (a redelivery is absorbed). It goes key by key, a key's matched messages in id order
+    /// in one transaction under the key's lock ([`ACTION_BATCH`] at most; a key with more
+    /// takes several, handed over with the last); a matching message held behind an
+    /// unmatched one is discarded too, and the unmatched one keeps holding the rest. Once
+    /// a key's first open message is discarded, the next one is handed to the running
+    /// consumer, in the same transaction as the key's last discard: the consumer never
+    /// applies a message this action is about to discard. Dry run and the audit row as for
+    /// [`InboxAdmin::retry_matching`]; the audit's counts are kept with every transaction.
     pub async fn discard_matching(
         &self,
         filter: &ActionFilter,
@@ -132,90 +136,114 @@ impl InboxAdmin {
             return Ok(report);
         };
         tx.commit().await?;
-        // Discards go one message per transaction, each under its key's lock alone (a
-        // transaction holding several keys' locks could deadlock with the consumer, which
-        // locks a batch's keys in its own order); the audit row is brought up to date every
-        // ACTION_BATCH messages.
-        let mut remaining: std::collections::HashSet<i64> = matching.iter().copied().collect();
-        for ids in matching.chunks(ACTION_BATCH) {
-            let mut changed = 0;
-            for &id in ids {
-                remaining.remove(&id);
+        // Discards go key by key: each key's matched messages in one transaction under
+        // that key's lock alone (several keys' locks in one transaction could deadlock with
+        // the consumer, which locks a batch's keys in its own order), at most ACTION_BATCH
+        // of them, and the key is handed to the consumer in the transaction that discards
+        // its last matched message, so the consumer never applies one this action is about
+        // to discard; the audit row is kept in every transaction.
+        for ids in self.by_key(&matching).await? {
+            let last = ids.len().div_ceil(ACTION_BATCH);
+            for (n, chunk) in ids.chunks(ACTION_BATCH).enumerate() {
                 let mut tx = self.pool.begin().await?;
-                if self.discard_matched(&mut tx, id, filter, reason, &remaining).await? {
-                    changed += 1;
-                }
+                let changed = self.discard_chunk(&mut tx, chunk, filter, reason, n + 1 == last).await?;
+                let skipped = chunk.len() as u64 - changed;
+                audit.add(&mut tx, audit_id, changed, skipped).await?;
                 tx.commit().await?;
+                report.applied += changed;
+                report.skipped += skipped;
             }
-            let skipped = ids.len() as u64 - changed;
-            let mut tx = self.pool.begin().await?;
-            audit.add(&mut tx, audit_id, changed, skipped).await?;
-            tx.commit().await?;
-            report.applied += changed;
-            report.skipped += skipped;
         }
         Ok(report)
     }
 
-    /// Discards parked message `id` if, under its key's lock, it is still open and still
-    /// matches `filter`; whether it did. A message held behind an earlier open one is
-    /// discarded too (it will never apply, and the earlier one still holds the rest). When
-    /// `id` was the first open message of its key, the next one is handed to the running
-    /// consumer, unless this action is about to discard it as well (`remaining`): the
-    /// consumer must not apply what the operator asked to discard.
-    async fn discard_matched(
+    /// `ids` grouped by key (topic and record key), each group in id order, the groups in
+    /// the order of their first id; a message without a key is a group of its own.
+    async fn by_key(&self, ids: &[i64]) -> Result<Vec<Vec<i64>>> {
+        let keys: Vec<(i64, Option<Vec<u8>>)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT id, hold_key FROM {} WHERE id = ANY($1) ORDER BY id",
+            self.names.parked
+        )))
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut groups: Vec<Vec<i64>> = Vec::new();
+        let mut of_key: std::collections::HashMap<Vec<u8>, usize> = std::collections::HashMap::new();
+        for (id, key) in keys {
+            match key {
+                Some(key) => {
+                    let at = *of_key.entry(key).or_insert_with(|| {
+                        groups.push(Vec::new());
+                        groups.len() - 1
+                    });
+                    groups[at].push(id);
+                }
+                None => groups.push(vec![id]),
+            }
+        }
+        Ok(groups)
+    }
+
+    /// Discards the messages `ids` of one key that, under the key's lock, are still open
+    /// and still match `filter`; how many. A message held behind an earlier open one is
+    /// discarded too (it will never apply, and the earlier one still holds the rest). With
+    /// `hand_over` (the key's last chunk), when the key's first open message was discarded,
+    /// the next open one is handed to the running consumer.
+    async fn discard_chunk(
         &self,
         tx: &mut PgConnection,
-        id: i64,
+        ids: &[i64],
         filter: &ActionFilter,
         reason: &str,
-        remaining: &std::collections::HashSet<i64>,
-    ) -> Result<bool> {
+        hand_over: bool,
+    ) -> Result<u64> {
         let parked = &self.names.parked;
         type Row = (String, Option<Vec<u8>>, Option<Vec<u8>>);
         let row: Option<Row> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT topic, record_key, hold_key FROM {parked} WHERE id = $1 AND consumer = $2"
         )))
-        .bind(id)
+        .bind(ids[0])
         .bind(&self.consumer)
         .fetch_optional(&mut *tx)
         .await?;
-        let Some((topic, key, hold_key)) = row else { return Ok(false) };
+        let Some((topic, key, hold_key)) = row else { return Ok(0) };
         Store::new(&self.names, &self.consumer).lock(tx, &topic, key.as_deref()).await?;
-        // Read again under the lock: the consumer may have released it meanwhile.
-        let condition = ActionFilter::condition(3, "p.reason", "p.parked_at");
-        let (types, topic_filter, text, since, until) = filter.binds();
-        let still: bool = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT EXISTS (SELECT 1 FROM {parked} p WHERE p.id = $1 AND p.consumer = $2 \
-               AND p.status IN ('parked', 'held') AND {condition})"
-        )))
-        .bind(id)
-        .bind(&self.consumer)
-        .bind(&types)
-        .bind(&topic_filter)
-        .bind(&text)
-        .bind(since)
-        .bind(until)
-        .fetch_one(&mut *tx)
-        .await?;
-        if !still {
-            return Ok(false);
-        }
-        let was_first =
-            held_behind(tx, &self.names, &self.consumer, hold_key.as_deref(), id).await?.is_none();
-        if !discard_row(tx, &self.names, id, reason).await? {
-            return Ok(false);
-        }
-        if was_first {
-            let next: Option<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+        let first_open = || {
+            sqlx::query_scalar::<_, i64>(AssertSqlSafe(format!(
                 "SELECT id FROM {parked} WHERE consumer = $1 AND hold_key = $2 AND status IN ('parked', 'held') \
                  ORDER BY id LIMIT 1"
             )))
             .bind(&self.consumer)
             .bind(hold_key.as_deref())
-            .fetch_optional(&mut *tx)
-            .await?;
-            if let Some(next) = next.filter(|next| !remaining.contains(next)) {
+        };
+        let head: Option<i64> = first_open().fetch_optional(&mut *tx).await?;
+        // Read again under the lock, and the row locked (a message without a key has no key
+        // lock): the consumer may have released it meanwhile.
+        let condition = ActionFilter::condition(3, "p.reason", "p.parked_at");
+        let (types, topic_filter, text, since, until) = filter.binds();
+        let still = format!(
+            "SELECT p.id FROM {parked} p WHERE p.id = $1 AND p.consumer = $2 \
+               AND p.status IN ('parked', 'held') AND {condition} FOR UPDATE"
+        );
+        let mut discarded = 0;
+        for &id in ids {
+            let open: Option<i64> = sqlx::query_scalar(AssertSqlSafe(still.as_str()))
+                .bind(id)
+                .bind(&self.consumer)
+                .bind(&types)
+                .bind(&topic_filter)
+                .bind(&text)
+                .bind(since)
+                .bind(until)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if open.is_some() && discard_row(tx, &self.names, id, reason).await? {
+                discarded += 1;
+            }
+        }
+        if hand_over && hold_key.is_some() {
+            let next: Option<i64> = first_open().fetch_optional(&mut *tx).await?;
+            if let Some(next) = next.filter(|next| Some(*next) != head) {
                 sqlx::query(AssertSqlSafe(format!(
                     "UPDATE {parked} SET retry_requested_at = now() WHERE id = $1"
                 )))
@@ -224,6 +252,6 @@ impl InboxAdmin {
                 .await?;
             }
         }
-        Ok(true)
+        Ok(discarded)
     }
 }
