@@ -130,6 +130,12 @@ pub enum Error {
     #[cfg(feature = "runtime")]
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    /// The change-data-capture relay's replication stream failed or stopped: the slot was
+    /// lost or dropped, taken by another process past the wait, or it sent what the relay
+    /// cannot read. The message names the slot and what to do.
+    #[cfg(feature = "cdc")]
+    #[error("replication: {0}")]
+    Replication(String),
 }
 
 impl Error {

@@ -62,6 +62,8 @@ pub mod asyncapi;
 mod backoff;
 #[cfg(feature = "runtime")]
 mod capacity;
+#[cfg(feature = "cdc")]
+pub mod cdc;
 #[cfg(feature = "runtime")]
 mod cleanup;
 mod error;

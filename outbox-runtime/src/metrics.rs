@@ -27,6 +27,14 @@
 //! | `outbox_refused_total` | counter | `event_type` | non-critical appends refused near capacity |
 //! | `outbox_relay_batch_seconds` | histogram | | one relay batch: read, publish, mark |
 //! | `outbox_created_to_published_seconds` | histogram | | from append to the mark after the ack |
+//! | `outbox_cdc_standby` | gauge | | 1 while a change-data-capture relay waits for the slot another process streams from |
+//! | `outbox_cdc_reconnects_total` | counter | | replication streams that failed and were connected again |
+//! | `outbox_cdc_in_flight` | gauge | | streamed events held in memory for a retry (the broker failing) |
+//! | `outbox_cdc_retained_wal_bytes` | gauge | | WAL the slot keeps on the server's disk |
+//! | `outbox_cdc_confirmed_lag_bytes` | gauge | | WAL written since the relay's last confirmed position |
+//! | `outbox_cdc_seconds_since_confirmed` | gauge | | since the confirmed position last moved while there was WAL to confirm |
+//! | `outbox_cdc_slot_lost` | gauge | | 1 when the slot's `wal_status` is `lost`: only a backfill recovers (alert on it) |
+//! | `outbox_cdc_seconds_to_wal_limit` | gauge | | forecast until the slot's retained WAL reaches `max_slot_wal_keep_size` at the recent growth rate; `+Inf` when not growing or unlimited |
 //! | `inbox_messages_total` | counter | `consumer`, `outcome` | applied, duplicate, stale, parked, held, ignored, retry |
 //! | `inbox_version_gaps_total` | counter | `consumer` | aggregate versions never seen |
 //! | `inbox_apply_seconds` | histogram | `consumer` | one message's transaction (in a batch, its share of the batch's) |
@@ -51,6 +59,22 @@ pub(crate) const ORDER_GAPS: &str = "outbox_relay_order_gaps_total";
 pub(crate) const REFUSED: &str = "outbox_refused_total";
 pub(crate) const BATCH_SECONDS: &str = "outbox_relay_batch_seconds";
 pub(crate) const CREATED_TO_PUBLISHED: &str = "outbox_created_to_published_seconds";
+#[cfg(feature = "cdc")]
+pub(crate) const CDC_STANDBY: &str = "outbox_cdc_standby";
+#[cfg(feature = "cdc")]
+pub(crate) const CDC_RECONNECTS: &str = "outbox_cdc_reconnects_total";
+#[cfg(feature = "cdc")]
+pub(crate) const CDC_IN_FLIGHT: &str = "outbox_cdc_in_flight";
+#[cfg(feature = "cdc")]
+pub(crate) const CDC_RETAINED: &str = "outbox_cdc_retained_wal_bytes";
+#[cfg(feature = "cdc")]
+pub(crate) const CDC_LAG_BYTES: &str = "outbox_cdc_confirmed_lag_bytes";
+#[cfg(feature = "cdc")]
+pub(crate) const CDC_SINCE_CONFIRMED: &str = "outbox_cdc_seconds_since_confirmed";
+#[cfg(feature = "cdc")]
+pub(crate) const CDC_LOST: &str = "outbox_cdc_slot_lost";
+#[cfg(feature = "cdc")]
+pub(crate) const CDC_TO_LIMIT: &str = "outbox_cdc_seconds_to_wal_limit";
 pub(crate) const INBOX_MESSAGES: &str = "inbox_messages_total";
 pub(crate) const INBOX_GAPS: &str = "inbox_version_gaps_total";
 pub(crate) const INBOX_APPLY_SECONDS: &str = "inbox_apply_seconds";

@@ -9,7 +9,8 @@
 //! - [`Rng`]: the seeded generator whose seed a run prints;
 //! - [`raw`], [`running`], [`fuzz`]: records no safe client writes, a relay running in the
 //!   test, the inbox's fuzz run;
-//! - [`relay_kit`], [`inbox_kit`]: what the relay's and the inbox's test files share.
+//! - [`relay_kit`], [`inbox_kit`], [`cdc_kit`]: what the relay's, the inbox's and the
+//!   change-data-capture relay's test files share.
 
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,7 @@ use outbox_runtime::Outbox;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+pub mod cdc_kit;
 pub mod db;
 pub mod events;
 pub mod fuzz;

@@ -43,8 +43,12 @@ impl Relay {
             let chains = chains(rows);
             let deadline = tokio::time::Instant::now() + self.config.message_timeout;
             let purged = AtomicBool::new(false);
-            let results =
-                join_all(chains.iter().map(|chain| self.publish_chain(chain, margin, deadline, &purged))).await;
+            let sender = self.sender();
+            let leases = &self.leases;
+            let results = join_all(chains.iter().map(|chain| {
+                sender.chain(chain, |row| leases.is_valid(row.work_partition, margin), deadline, &purged)
+            }))
+            .await;
 
             let mut outcome = BatchOutcome::default();
             let mut marks = Marks::default();
@@ -148,8 +152,39 @@ impl Relay {
         }
     }
 
+    /// What sends this relay's chains.
+    fn sender(&self) -> Sender<'_> {
+        Sender {
+            producer: &self.producer,
+            config: &self.config,
+            topics: &self.topics,
+            stats: &self.stats,
+            relay_id: self.id(),
+        }
+    }
+}
+
+/// Sends chains of an aggregate's rows and judges the delivery reports, for the polling
+/// relay and the change-data-capture relay alike.
+#[derive(Clone, Copy)]
+pub(crate) struct Sender<'a> {
+    pub(crate) producer: &'a rdkafka::producer::FutureProducer,
+    pub(crate) config: &'a super::RelayConfig,
+    pub(crate) topics: &'a super::topics::Topics,
+    pub(crate) stats: &'a RelayStats,
+    pub(crate) relay_id: Uuid,
+}
+
+impl std::fmt::Debug for Sender<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sender").field("relay_id", &self.relay_id).finish_non_exhaustive()
+    }
+}
+
+impl Sender<'_> {
     /// Sends one aggregate's rows in order and returns, in order, the outcome of each up to
-    /// and including the first that was not acknowledged.
+    /// and including the first that was not acknowledged. A row `may_send` refuses (its
+    /// lease is about to end) stops the chain there, without an outcome.
     ///
     /// Consecutive rows to one topic go to one partition (the key is the aggregate id), so
     /// they are handed to the producer together, without waiting for acknowledgements: the
@@ -159,10 +194,10 @@ impl Relay {
     /// before them is acknowledged. A later row acknowledged after an earlier one failed
     /// would break that; it is counted (`outbox_relay_order_gaps_total`), logged, and left
     /// pending so that it is sent again after the earlier one.
-    async fn publish_chain<'r>(
+    pub(crate) async fn chain<'r>(
         &self,
         chain: &'r [Row],
-        margin: Duration,
+        may_send: impl Fn(&Row) -> bool,
         deadline: tokio::time::Instant,
         purged: &AtomicBool,
     ) -> Vec<(&'r Row, Sent)> {
@@ -175,12 +210,12 @@ impl Relay {
             let mut in_flight = Vec::with_capacity(segment.len());
             let mut stop: Option<Option<(&'r Row, Sent)>> = None;
             for row in segment {
-                if !self.leases.is_valid(row.work_partition, margin) {
+                if !may_send(row) {
                     stop = Some(None);
                     break;
                 }
                 let refused = match self.topics.verdict(&row.topic) {
-                    Verdict::Send => match publish::enqueue(&self.producer, row, &self.config) {
+                    Verdict::Send => match publish::enqueue(self.producer, row, self.config) {
                         Ok(delivery) => {
                             in_flight.push((row, delivery));
                             continue;
@@ -215,7 +250,7 @@ impl Relay {
                     (_, None) => {
                         if i + 1 < count {
                             // Keep the rest of this aggregate's run from being sent after it.
-                            publish::purge(&self.producer, false).await;
+                            publish::purge(self.producer, false).await;
                         }
                         broken = Some(row);
                         results.push((row, sent));
@@ -255,9 +290,9 @@ impl Relay {
             Ok(report) => publish::outcome(report),
             Err(_) => {
                 if !purged.swap(true, Ordering::Relaxed) {
-                    warn!(relay_id = %self.id(), stage = "publish", timeout = ?self.config.message_timeout,
+                    warn!(relay_id = %self.relay_id, stage = "publish", timeout = ?self.config.message_timeout,
                           "batch not acknowledged within the message timeout; purging the producer's queue");
-                    publish::purge(&self.producer, true).await;
+                    publish::purge(self.producer, true).await;
                 }
                 publish::outcome(delivery.await)
             }

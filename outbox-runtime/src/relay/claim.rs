@@ -59,6 +59,9 @@ pub(crate) struct Placement {
 #[derive(Debug)]
 pub(crate) struct Statements {
     claim: SqlStr,
+    /// Whether the claim walks the pending index (the whole outbox) in id order under
+    /// [`CLAIM_PLAN`]; the table path's claim reads the small `blocked` index instead.
+    whole: bool,
     fence: SqlStr,
     published: SqlStr,
     retry: SqlStr,
@@ -79,14 +82,27 @@ const CLAIM_PLAN: &str = "SELECT set_config('enable_seqscan', 'off', true), \
 /// primary key (`id = ANY`, the batch's ids) and hash-joined with their values. Left to the
 /// planner, an un-analysed table got a hash of every pending row, each with its own fence
 /// subquery, for every mark: 750 ms instead of 50 ms for 2,000 of 100,000 pending rows.
-const MARK_PLAN: &str = "SELECT set_config('enable_seqscan', 'off', true), \
+pub(crate) const MARK_PLAN: &str = "SELECT set_config('enable_seqscan', 'off', true), \
      set_config('enable_bitmapscan', 'off', true), set_config('enable_nestloop', 'off', true), \
      set_config('enable_mergejoin', 'off', true)";
 
 impl Statements {
     pub(crate) fn new(names: &Names) -> Self {
+        Self::with_scope(names, "")
+    }
+
+    /// The change-data-capture relay's table path: only rows with a `next_attempt_at`
+    /// (handed over by the stream, waiting for a retry, or put up again by an operator); a
+    /// fresh row (`-infinity`) is the stream's.
+    #[cfg(feature = "cdc")]
+    pub(crate) fn table_path(names: &Names) -> Self {
+        Self::with_scope(names, "AND o.next_attempt_at > '-infinity' ")
+    }
+
+    fn with_scope(names: &Names, scope: &str) -> Self {
         let (outbox, leases) = (&names.outbox, &names.leases);
         Statements {
+            whole: scope.is_empty(),
             // Due pending rows of held partitions, oldest first, skipping every aggregate
             // whose earlier event is failed or waiting for its retry: per-aggregate order.
             // An earlier due row has a lower id, so it is in the batch whenever a later one is.
@@ -99,7 +115,7 @@ impl Statements {
                         to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS created_at, \
                         o.attempts, o.work_partition \
                  FROM {outbox} o \
-                 WHERE o.status = 'pending' AND o.work_partition = ANY($1) AND o.next_attempt_at <= now() \
+                 WHERE o.status = 'pending' {scope}AND o.work_partition = ANY($1) AND o.next_attempt_at <= now() \
                    AND o.id <> ALL($3) \
                    AND NOT EXISTS ( \
                      SELECT 1 FROM {outbox} p \
@@ -150,7 +166,9 @@ impl Statements {
         marking: &[i64],
     ) -> Result<Vec<Row>> {
         let mut tx = pool.begin().await?;
-        sqlx::query(CLAIM_PLAN).execute(&mut *tx).await?;
+        if self.whole {
+            sqlx::query(CLAIM_PLAN).execute(&mut *tx).await?;
+        }
         let rows = sqlx::query_as(self.claim.clone())
             .bind(partitions)
             .bind(limit)
@@ -328,6 +346,6 @@ impl Statements {
 
 /// `text` as PostgreSQL stores it: without NUL characters, which `text` cannot hold (an
 /// error from a broker could carry one, and the mark would then fail every time).
-fn storable(text: &str) -> String {
+pub(crate) fn storable(text: &str) -> String {
     text.replace('\0', "\u{fffd}")
 }

@@ -13,19 +13,19 @@ use crate::secrets::{redact_urls, redacted};
 /// secrets among the producer settings.
 #[derive(Clone)]
 pub struct RelayConfig {
-    pub(super) brokers: String,
-    pub(super) batch_size: u32,
-    pub(super) poll_interval: Duration,
-    pub(super) lease_ttl: Duration,
-    pub(super) message_timeout: Duration,
-    pub(super) backoff_base: Duration,
-    pub(super) backoff_max: Duration,
-    pub(super) max_attempts: Option<u32>,
-    pub(super) missing_topic_timeout: Duration,
-    pub(super) source: String,
-    pub(super) dataschema_base: String,
-    pub(super) producer: BTreeMap<String, String>,
-    pub(super) cleanup: Option<Cleanup>,
+    pub(crate) brokers: String,
+    pub(crate) batch_size: u32,
+    pub(crate) poll_interval: Duration,
+    pub(crate) lease_ttl: Duration,
+    pub(crate) message_timeout: Duration,
+    pub(crate) backoff_base: Duration,
+    pub(crate) backoff_max: Duration,
+    pub(crate) max_attempts: Option<u32>,
+    pub(crate) missing_topic_timeout: Duration,
+    pub(crate) source: String,
+    pub(crate) dataschema_base: String,
+    pub(crate) producer: BTreeMap<String, String>,
+    pub(crate) cleanup: Option<Cleanup>,
 }
 
 impl std::fmt::Debug for RelayConfig {
@@ -207,7 +207,7 @@ impl RelayConfig {
     /// Checks every setting against the relay's guarantees ([invariant 12](crate::guarantees#i12)): a send must end
     /// within its lease, and nothing may weaken acks=all, idempotence or per-partition
     /// order, whatever name or alias sets it.
-    pub(super) fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         if self.batch_size == 0 || self.batch_size > 100_000 {
             return Err(Error::Config(format!("batch_size must be 1 to 100000, not {}", self.batch_size)));
         }

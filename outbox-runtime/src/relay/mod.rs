@@ -23,17 +23,17 @@
 //! # Ok(()) }
 //! ```
 
-mod batch;
+pub(crate) mod batch;
 #[cfg(feature = "bench-hooks")]
 #[doc(hidden)]
 pub mod bench;
-mod claim;
+pub(crate) mod claim;
 mod config;
 mod lease;
 mod listen;
-mod publish;
+pub(crate) mod publish;
 mod run;
-mod topics;
+pub(crate) mod topics;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -56,12 +56,12 @@ pub use crate::cleanup::Cleanup;
 /// Counters of one relay, readable while it runs.
 #[derive(Debug, Default)]
 pub struct RelayStats {
-    published: AtomicU64,
-    retried: AtomicU64,
-    failed: AtomicU64,
-    fenced: AtomicU64,
-    batches: AtomicU64,
-    order_gaps: AtomicU64,
+    pub(crate) published: AtomicU64,
+    pub(crate) retried: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) fenced: AtomicU64,
+    pub(crate) batches: AtomicU64,
+    pub(crate) order_gaps: AtomicU64,
 }
 
 impl RelayStats {
@@ -116,6 +116,9 @@ pub struct Relay {
     /// The relay's background tasks (listener, cleanup, gauges, marks), waited for at
     /// shutdown.
     tasks: TaskTracker,
+    /// Whether appends' NOTIFY wakes it (not for the change-data-capture relay's table
+    /// path, which the stream's appends do not concern).
+    listen: bool,
 }
 
 impl std::fmt::Debug for Relay {
@@ -149,7 +152,19 @@ impl Relay {
             topics,
             stats: Arc::default(),
             tasks: TaskTracker::new(),
+            listen: true,
         })
+    }
+
+    /// This relay as the change-data-capture relay's table path: it publishes only the
+    /// pending events the stream handed over or that an operator put up again (those with a
+    /// `next_attempt_at`), polls instead of listening, and counts into `stats`.
+    #[cfg(feature = "cdc")]
+    pub(crate) fn table_path(mut self, stats: Arc<RelayStats>) -> Self {
+        self.sql = Arc::new(Statements::table_path(self.outbox.names()));
+        self.listen = false;
+        self.stats = stats;
+        self
     }
 
     /// The pool it works on.

@@ -42,12 +42,14 @@ impl Relay {
         }
         let tracker = self.tasks.clone();
         let wake = Arc::new(Notify::new());
-        tracker.spawn(listen(
-            self.pool.clone(),
-            self.outbox.names().channel.clone(),
-            wake.clone(),
-            shutdown.clone(),
-        ));
+        if self.listen {
+            tracker.spawn(listen(
+                self.pool.clone(),
+                self.outbox.names().channel.clone(),
+                wake.clone(),
+                shutdown.clone(),
+            ));
+        }
         if let Some(cleanup) = self.config.cleanup.clone() {
             tracker.spawn(cleanup.run(self.pool.clone(), self.outbox.clone(), shutdown.clone()));
         }

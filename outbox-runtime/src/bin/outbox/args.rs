@@ -99,6 +99,9 @@ pub(crate) enum Command {
     Reconcile(ReconcileArgs),
     /// A consumer's parked messages: list, retry, discard.
     Inbox(InboxArgs),
+    /// The change-data-capture relay's replication slot and publication.
+    #[command(subcommand)]
+    Cdc(crate::cdc::CdcCommand),
     /// Runs a development Kafka broker in this process (librdkafka's mock cluster: in
     /// memory, at most 5 MB per partition, gone when it stops) until SIGTERM or Ctrl-C;
     /// needs no database.
@@ -136,6 +139,17 @@ pub(crate) struct RelayArgs {
     /// default is the library's.
     #[arg(long, default_value_t = Dur(RelayConfig::new("").get_missing_topic_timeout()), value_parser = parse_dur)]
     pub(crate) missing_topic_timeout: Dur,
+    /// Stream the outbox's inserts from a logical replication slot (`outbox cdc setup`
+    /// first) instead of polling the table. The database URL is also the replication
+    /// connection's; its role needs the REPLICATION attribute.
+    #[arg(long, conflicts_with = "backfill")]
+    pub(crate) cdc: bool,
+    /// Poll the table until every pending event is published, then stop: the recovery
+    /// after a replication slot is lost or dropped. Do not stream meanwhile.
+    #[arg(long)]
+    pub(crate) backfill: bool,
+    #[command(flatten)]
+    pub(crate) slot: crate::cdc::SlotArgs,
 }
 
 #[derive(Subcommand)]

@@ -35,19 +35,20 @@ pub(crate) async fn execute(cli: Cli) -> Result<ExitCode, Fail> {
         return Err(fail(2, "no database given: set --database-url or DATABASE_URL"));
     };
     let pool = connect(url).await?;
-    match dispatch(outbox, pool.clone(), cli.command).await {
+    match dispatch(outbox, pool.clone(), url, cli.command).await {
         Err(failure) => Err(hint::explain(&pool, failure).await),
         done => done,
     }
 }
 
-async fn dispatch(outbox: Outbox, pool: PgPool, command: Command) -> Result<ExitCode, Fail> {
+async fn dispatch(outbox: Outbox, pool: PgPool, url: &str, command: Command) -> Result<ExitCode, Fail> {
     match command {
         Command::Migrate => {
             outbox.migrator().run(&pool).await.map_err(Error::from)?;
             println!("outbox tables are up to date");
         }
-        Command::Relay(args) => return relay(outbox, pool, args).await,
+        Command::Relay(args) => return relay(outbox, pool, url, args).await,
+        Command::Cdc(command) => return crate::cdc::command(&outbox, &pool, url, command).await,
         Command::Broker(args) => return Ok(crate::broker::run(args).await),
         Command::Status { json, window } => {
             let status = outbox.ops().status_over(&pool, window).await?;
@@ -167,7 +168,12 @@ fn refuse_filters_with_an_id(args: &ActionArgs) -> Result<(), Fail> {
     Ok(())
 }
 
-pub(crate) async fn relay(outbox: Outbox, pool: PgPool, args: RelayArgs) -> Result<ExitCode, Fail> {
+pub(crate) async fn relay(
+    outbox: Outbox,
+    pool: PgPool,
+    url: &str,
+    args: RelayArgs,
+) -> Result<ExitCode, Fail> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Colour only on a terminal: a log file or a collector gets no escape codes.
@@ -188,10 +194,16 @@ pub(crate) async fn relay(outbox: Outbox, pool: PgPool, args: RelayArgs) -> Resu
         .source(args.source)
         .dataschema_base(args.dataschema_base)
         .cleanup(cleanup);
-    // Relay::run checks the tables it uses (missing or older ones end it at once).
-    let relay = Relay::new(pool, outbox, config)?;
     let shutdown = CancellationToken::new();
     outbox_runtime::signal::cancel_on_signal(shutdown.clone());
+    if args.cdc {
+        return crate::cdc::stream(outbox, pool, url, config, &args.slot, shutdown).await;
+    }
+    if args.backfill {
+        return crate::cdc::backfill(outbox, pool, config, shutdown).await;
+    }
+    // Relay::run checks the tables it uses (missing or older ones end it at once).
+    let relay = Relay::new(pool, outbox, config)?;
     relay.run(shutdown).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -14,6 +14,7 @@
 mod act;
 mod args;
 mod broker;
+mod cdc;
 mod commands;
 mod hint;
 mod render;
@@ -76,6 +77,8 @@ impl From<Error> for Fail {
                 ),
             ),
             Error::Conflict(_) => fail(4, error.to_string()),
+            // A slot dropped or lost: the operator's to recover (a backfill), not a retry.
+            Error::Replication(_) => fail(4, error.to_string()),
             _ => fail(3, error.to_string()),
         }
     }

@@ -1,0 +1,471 @@
+//! The publisher: takes the stream's items in order, sends the events in batches (an
+//! aggregate's events in order, as the polling relay sends a chain), records each one's
+//! outcome and hands the reader every position that is safe to confirm.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use rdkafka::producer::FutureProducer;
+use sqlx::PgPool;
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+use tracing::{debug, warn};
+use uuid::Uuid;
+
+use super::marks::{Settled, State, Statements};
+use super::progress::Progress;
+use super::stream::{Ended, Item};
+use crate::backoff;
+use crate::relay::batch::Sender;
+use crate::relay::claim::{Placement, Row};
+use crate::relay::publish::{self, Sent};
+use crate::relay::topics::{Topics, MISSING_CODE};
+use crate::relay::{RelayConfig, RelayStats};
+use crate::table::Names;
+
+/// Database writes the stream depends on are tried this many times before the session
+/// ends (and the stream is read again from the last confirmed position).
+const WRITE_ATTEMPTS: u32 = 8;
+
+/// The least time between two warnings about transient publish failures.
+const TRANSIENT_WARN_EVERY: Duration = Duration::from_secs(10);
+
+type Key = (String, String);
+
+/// What the publisher keeps of a streamed event besides the row: its transaction and its
+/// share of the memory budget (given back when it is dropped).
+#[derive(Debug)]
+struct Meta {
+    seq: u64,
+    _permit: OwnedSemaphorePermit,
+}
+
+/// An aggregate's events waiting in memory for a retry, in order.
+#[derive(Debug)]
+struct Waiting {
+    due: tokio::time::Instant,
+    rows: VecDeque<(Row, Meta)>,
+}
+
+/// One aggregate's events of a batch, in order.
+#[derive(Debug, Default)]
+struct Chain {
+    key: Key,
+    rows: Vec<Row>,
+    meta: Vec<Meta>,
+}
+
+pub(crate) struct Publisher {
+    pool: PgPool,
+    sql: Arc<Statements>,
+    config: RelayConfig,
+    producer: FutureProducer,
+    topics: Topics,
+    stats: Arc<RelayStats>,
+    id: Uuid,
+    progress: Progress,
+    /// The transaction being received.
+    open: u64,
+    waiting: HashMap<Key, Waiting>,
+    /// The last batch's published mark, written while the next batch is sent: the
+    /// transactions of its rows.
+    marking: Option<AbortOnDropHandle<crate::Result<Vec<u64>>>>,
+    transient_warned: Option<Instant>,
+    transient_suppressed: u64,
+}
+
+impl Publisher {
+    pub(crate) fn new(
+        pool: PgPool,
+        names: &Names,
+        config: RelayConfig,
+        producer: FutureProducer,
+        stats: Arc<RelayStats>,
+    ) -> Self {
+        Publisher {
+            pool,
+            sql: Arc::new(Statements::new(names)),
+            topics: Topics::new(config.missing_topic_timeout),
+            config,
+            producer,
+            stats,
+            id: Uuid::new_v4(),
+            progress: Progress::default(),
+            open: 0,
+            waiting: HashMap::new(),
+            marking: None,
+            transient_warned: None,
+            transient_suppressed: 0,
+        }
+    }
+
+    /// Publishes until `stop`, or until the reader's channel closes; returns the last
+    /// confirmed position.
+    pub(crate) async fn run(
+        mut self,
+        mut items: mpsc::Receiver<Item>,
+        confirm: watch::Sender<u64>,
+        stop: CancellationToken,
+    ) -> std::result::Result<u64, Ended> {
+        let mut confirmed = 0;
+        let result = loop {
+            let Some(fresh) = self.collect(&mut items, &stop, &confirm, &mut confirmed).await? else {
+                break Ok(());
+            };
+            if let Err(ended) = self.batch(fresh).await {
+                break Err(ended);
+            }
+            self.confirm(&confirm, &mut confirmed);
+        };
+        self.finish_marking().await;
+        self.confirm(&confirm, &mut confirmed);
+        metrics::gauge!(crate::metrics::CDC_IN_FLIGHT).set(0.0);
+        result.map(|()| confirmed)
+    }
+
+    /// Hands the reader the position to confirm, if it moved.
+    fn confirm(&mut self, confirm: &watch::Sender<u64>, confirmed: &mut u64) {
+        if let Some(lsn) = self.progress.confirmable() {
+            *confirmed = lsn;
+            confirm.send_replace(lsn);
+        }
+        let waiting: usize = self.waiting.values().map(|w| w.rows.len()).sum();
+        metrics::gauge!(crate::metrics::CDC_IN_FLIGHT).set(waiting as f64);
+    }
+
+    fn take(&mut self, item: Item, fresh: &mut Vec<(Row, Meta)>) {
+        match item {
+            Item::Begin => self.open = self.progress.begin(),
+            Item::Row(row, permit) => {
+                self.progress.row(self.open);
+                fresh.push((*row, Meta { seq: self.open, _permit: permit }));
+            }
+            Item::Commit(end) => self.progress.commit(self.open, end),
+            Item::Position(lsn) => self.progress.position(lsn),
+        }
+    }
+
+    /// The next batch's fresh rows (possibly none, when a retry is due), or `None` at the
+    /// end.
+    async fn collect(
+        &mut self,
+        items: &mut mpsc::Receiver<Item>,
+        stop: &CancellationToken,
+        confirm: &watch::Sender<u64>,
+        confirmed: &mut u64,
+    ) -> std::result::Result<Option<Vec<(Row, Meta)>>, Ended> {
+        let limit = self.config.batch_size as usize;
+        let mut fresh = Vec::new();
+        loop {
+            while fresh.len() < limit {
+                match items.try_recv() {
+                    Ok(item) => self.take(item, &mut fresh),
+                    Err(_) => break,
+                }
+            }
+            self.confirm(confirm, confirmed);
+            let now = tokio::time::Instant::now();
+            let next_due = self.waiting.values().map(|w| w.due).min();
+            if !fresh.is_empty() || next_due.is_some_and(|due| due <= now) {
+                return Ok(Some(fresh));
+            }
+            let retry_at = next_due.unwrap_or(now + Duration::from_secs(3600));
+            tokio::select! {
+                () = stop.cancelled() => return Ok(None),
+                item = items.recv() => match item {
+                    Some(item) => self.take(item, &mut fresh),
+                    None => return Ok(None),
+                },
+                () = tokio::time::sleep_until(retry_at) => {}
+                done = async { self.marking.as_mut().expect("checked").await }, if self.marking.is_some() => {
+                    self.marking = None;
+                    self.marked(done)?;
+                }
+            }
+        }
+    }
+
+    /// Takes the result of a published mark: its rows are done, or the session ends.
+    fn marked(
+        &mut self,
+        done: std::result::Result<crate::Result<Vec<u64>>, tokio::task::JoinError>,
+    ) -> std::result::Result<(), Ended> {
+        match done {
+            Ok(Ok(seqs)) => {
+                for seq in seqs {
+                    self.progress.done(seq);
+                }
+                Ok(())
+            }
+            Ok(Err(error)) => Err(Ended::Transient(format!("marking published events failed: {error}"))),
+            Err(error) => Err(Ended::Transient(format!("the mark task failed: {error}"))),
+        }
+    }
+
+    async fn finish_marking(&mut self) {
+        if let Some(task) = self.marking.take() {
+            if let Err(Ended::Transient(reason)) = self.marked(task.await) {
+                warn!(stage = "mark", %reason, "published events not marked; they are sent again");
+            }
+        }
+    }
+
+    /// One batch: the fresh rows' state, chains, sends, outcomes and marks.
+    async fn batch(&mut self, fresh: Vec<(Row, Meta)>) -> std::result::Result<(), Ended> {
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let ids: Vec<i64> = fresh.iter().map(|(row, _)| row.id).collect();
+        let states: HashMap<i64, State> = if ids.is_empty() {
+            HashMap::new()
+        } else {
+            let sql = self.sql.clone();
+            let pool = self.pool.clone();
+            retried("reading the streamed events' state", || sql.states(&pool, &ids))
+                .await?
+                .into_iter()
+                .collect()
+        };
+        let mut chains: Vec<Chain> = Vec::new();
+        let mut index: HashMap<Key, usize> = HashMap::new();
+        let now = tokio::time::Instant::now();
+        let due: Vec<Key> =
+            self.waiting.iter().filter(|(_, w)| w.due <= now).map(|(k, _)| k.clone()).collect();
+        for key in due {
+            let waiting = self.waiting.remove(&key).expect("listed");
+            index.insert(key.clone(), chains.len());
+            let (rows, meta) = waiting.rows.into_iter().unzip();
+            chains.push(Chain { key, rows, meta });
+        }
+        let mut settled = Settled::default();
+        let mut done_now: Vec<u64> = Vec::new();
+        // Chains that start with a fresh row, and whether one of their rows was handed over.
+        let mut handing: HashMap<Key, bool> = HashMap::new();
+        for (row, meta) in fresh {
+            let key = (row.aggregate_type.clone(), row.aggregate_id.clone());
+            let state = states.get(&row.id).copied().unwrap_or(State::Gone);
+            if state == State::Gone {
+                debug!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
+                       stage = "stream", "no longer the stream's (published, handed over or deleted since): skipped");
+                done_now.push(meta.seq);
+                continue;
+            }
+            if let Some(waiting) = self.waiting.get_mut(&key) {
+                waiting.rows.push_back((row, meta));
+                continue;
+            }
+            let fresh_chain = !index.contains_key(&key) || handing.contains_key(&key);
+            let handed =
+                handing.get(&key).copied().unwrap_or(false) || (fresh_chain && state == State::Blocked);
+            if fresh_chain {
+                handing.insert(key.clone(), handed);
+            }
+            if handed {
+                debug!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
+                       stage = "stream", "an earlier event of its aggregate failed or waits: handed to the table path");
+                settled.handed.push(row.id);
+                done_now.push(meta.seq);
+                continue;
+            }
+            let i = *index.entry(key.clone()).or_insert_with(|| {
+                chains.push(Chain { key: key.clone(), ..Chain::default() });
+                chains.len() - 1
+            });
+            chains[i].rows.push(row);
+            chains[i].meta.push(meta);
+        }
+
+        let topics: Vec<String> =
+            chains.iter().flat_map(|c| c.rows.iter().map(|r| r.topic.clone())).collect();
+        self.topics
+            .check(&self.producer, topics.iter().map(String::as_str), self.config.message_timeout / 2)
+            .await;
+        metrics::gauge!(crate::metrics::MISSING_TOPICS).set(self.topics.missing() as f64);
+        let deadline = tokio::time::Instant::now() + self.config.message_timeout;
+        let purged = AtomicBool::new(false);
+        let sender = Sender {
+            producer: &self.producer,
+            config: &self.config,
+            topics: &self.topics,
+            stats: &self.stats,
+            relay_id: self.id,
+        };
+        let results =
+            join_all(chains.iter().map(|c| sender.chain(&c.rows, |_| true, deadline, &purged))).await;
+        let outcomes: Vec<Vec<Sent>> =
+            results.into_iter().map(|r| r.into_iter().map(|(_, sent)| sent).collect()).collect();
+
+        let mut published: Vec<(i64, Placement, i32, u64)> = Vec::new();
+        for (chain, sent) in chains.into_iter().zip(outcomes) {
+            self.judge(chain, sent, &mut published, &mut settled, &mut done_now);
+        }
+        if !settled.failed.is_empty() || !settled.handed.is_empty() {
+            // Written before the next batch reads any state: what holds the aggregates back.
+            let sql = self.sql.clone();
+            let pool = self.pool.clone();
+            retried("recording failed and handed-over events", || sql.settle(&pool, &settled)).await?;
+            self.stats.failed.fetch_add(settled.failed.len() as u64, Ordering::Relaxed);
+        }
+        for seq in done_now {
+            self.progress.done(seq);
+        }
+        // The previous batch's mark first; this one's is written while the next is sent.
+        if let Some(task) = self.marking.take() {
+            self.marked(task.await)?;
+        }
+        if !published.is_empty() {
+            let sql = self.sql.clone();
+            let pool = self.pool.clone();
+            let stats = self.stats.clone();
+            self.marking = Some(AbortOnDropHandle::new(tokio::spawn(async move {
+                let rows: Vec<(i64, Placement, i32)> =
+                    published.iter().map(|(id, p, a, _)| (*id, *p, *a)).collect();
+                let marked = retried("marking published events", || sql.published(&pool, &rows))
+                    .await
+                    .map_err(|e| match e {
+                        Ended::Transient(reason) | Ended::Busy(reason) => crate::Error::Replication(reason),
+                        Ended::Fatal(error) => error,
+                    })?;
+                metrics::counter!(crate::metrics::PUBLISHED).increment(marked);
+                stats.published.fetch_add(marked, Ordering::Relaxed);
+                Ok(published.into_iter().map(|(.., seq)| seq).collect())
+            })));
+        }
+        if let Some(reason) = publish::fatal(&self.producer) {
+            warn!(stage = "publish", %reason, "producer fatal error; creating a new producer");
+            match publish::producer(&self.config.brokers, self.config.message_timeout, &self.config.producer)
+            {
+                Ok(producer) => self.producer = producer,
+                Err(error) => warn!(%error, "cannot create a producer"),
+            }
+        }
+        metrics::histogram!(crate::metrics::BATCH_SECONDS).record(started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Records one chain's outcome: the acknowledged prefix to mark published; the first
+    /// row not acknowledged and the rest of the chain back in memory for a retry, or
+    /// failed and handed over behind it.
+    fn judge(
+        &mut self,
+        chain: Chain,
+        sent: Vec<Sent>,
+        published: &mut Vec<(i64, Placement, i32, u64)>,
+        settled: &mut Settled,
+        done_now: &mut Vec<u64>,
+    ) {
+        let mut rows = chain.rows.into_iter().zip(chain.meta);
+        let mut sent = sent.into_iter();
+        let (mut row, meta, outcome) = loop {
+            let Some((row, meta)) = rows.next() else { return };
+            match sent.next() {
+                Some(Sent::Acked(placement)) => {
+                    published.push((row.id, placement, row.attempts + 1, meta.seq))
+                }
+                Some(outcome) => break (row, meta, outcome),
+                // Never expected (a chain's outcomes end at its first row not acknowledged):
+                // sent again, not lost.
+                None => {
+                    break (
+                        row,
+                        meta,
+                        Sent::Transient { reason: "not sent".to_owned(), code: "unsent".to_owned() },
+                    )
+                }
+            }
+        };
+        let attempt = row.attempts + 1;
+        let (retry_in, failed) = match outcome {
+            // Not reached: the loop above takes every acknowledgement.
+            Sent::Acked(_) => (Duration::ZERO, None),
+            Sent::Held { reason, retry_in } => {
+                metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "held", "code" => MISSING_CODE)
+                    .increment(1);
+                debug!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
+                       attempt = row.attempts, stage = "publish", %reason, retry_in = ?retry_in, "held back: topic missing");
+                (retry_in, None)
+            }
+            Sent::Transient { reason, .. }
+                if self.config.max_attempts.is_some_and(|max| attempt.unsigned_abs() >= max) =>
+            {
+                warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
+                      attempt, stage = "publish", %reason, "event failed: attempts exhausted");
+                metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "exhausted", "code" => "max_attempts").increment(1);
+                (Duration::ZERO, Some(format!("gave up after {attempt} attempts: {reason}")))
+            }
+            Sent::Transient { reason, code } => {
+                if matches!(code.as_str(), "UnknownTopic" | "UnknownTopicOrPartition" | "UnknownPartition") {
+                    self.topics.suspect(&row.topic);
+                }
+                metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "transient", "code" => code)
+                    .increment(1);
+                self.stats.retried.fetch_add(1, Ordering::Relaxed);
+                row.attempts = attempt;
+                let delay =
+                    backoff::delay(self.config.backoff_base, self.config.backoff_max, attempt.unsigned_abs());
+                if self.transient_warned.is_none_or(|t| t.elapsed() >= TRANSIENT_WARN_EVERY) {
+                    self.transient_warned = Some(Instant::now());
+                    warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
+                          attempt, stage = "publish", topic = %row.topic, %reason, retry_in = ?delay,
+                          suppressed = std::mem::take(&mut self.transient_suppressed),
+                          "transient publish failure; retrying, the slot's position waits (one warning every 10 s)");
+                } else {
+                    self.transient_suppressed += 1;
+                    debug!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
+                           attempt, stage = "publish", %reason, retry_in = ?delay, "transient publish failure");
+                }
+                (delay, None)
+            }
+            Sent::Permanent { reason, code } => {
+                metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "permanent", "code" => code)
+                    .increment(1);
+                warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
+                      attempt, stage = "publish", %reason, "event failed permanently; its aggregate is held back");
+                (Duration::ZERO, Some(reason))
+            }
+        };
+        match failed {
+            Some(reason) => {
+                settled.failed.push((row.id, attempt, reason));
+                done_now.push(meta.seq);
+                for (row, meta) in rows {
+                    settled.handed.push(row.id);
+                    done_now.push(meta.seq);
+                }
+            }
+            None => {
+                let mut queue = VecDeque::from([(row, meta)]);
+                queue.extend(rows);
+                self.waiting
+                    .insert(chain.key, Waiting { due: tokio::time::Instant::now() + retry_in, rows: queue });
+            }
+        }
+    }
+}
+
+/// Runs `write` until it succeeds, at most [`WRITE_ATTEMPTS`] times with backoff, each
+/// failure logged; then the session ends.
+async fn retried<T, F, Fut>(what: &str, mut write: F) -> std::result::Result<T, Ended>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = crate::Result<T>>,
+{
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match write().await {
+            Ok(value) => return Ok(value),
+            Err(error) if attempt >= WRITE_ATTEMPTS => {
+                return Err(Ended::Transient(format!("{what} failed {attempt} times, last: {error}")))
+            }
+            Err(error) => {
+                let delay = backoff::delay(Duration::from_millis(100), Duration::from_secs(5), attempt);
+                warn!(stage = "mark", attempt, retry_in = ?delay, %error, "{what} failed; trying again");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! The replication session: the connection's settings, and the reader that turns the
+//! stream into items for the publisher while reporting the confirmed position back.
+
+use std::sync::Arc;
+
+use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::decode::{self, Layout, Message};
+use super::CdcConfig;
+use crate::error::{Error, Result};
+use crate::relay::claim::Row;
+
+/// The session settings every value in the stream is printed with: timestamps in UTC and
+/// ISO format, as [`decode::rfc3339`] reads them.
+const SESSION_OPTIONS: &str = "-c datestyle=ISO -c timezone=UTC -c extra_float_digits=3";
+
+/// The replication connection `config`'s URL describes.
+pub(crate) fn connection(config: &CdcConfig) -> Result<ReplicationConfig> {
+    let bad = |why: &str| Error::Config(format!("CdcConfig::new: the replication URL {why}"));
+    let url = url::Url::parse(&config.url).map_err(|e| bad(&format!("is not a URL ({e})")))?;
+    if !matches!(url.scheme(), "postgres" | "postgresql") {
+        return Err(bad("must start with postgres:// or postgresql://"));
+    }
+    let decode = |s: &str| percent_encoding::percent_decode_str(s).decode_utf8_lossy().into_owned();
+    let mut host = match url.host() {
+        Some(url::Host::Ipv6(address)) => address.to_string(),
+        Some(host) => host.to_string(),
+        None => String::new(),
+    };
+    let user = if url.username().is_empty() { "postgres".to_owned() } else { decode(url.username()) };
+    let password = url.password().map(decode).unwrap_or_default();
+    let path = url.path().trim_start_matches('/');
+    let database = if path.is_empty() { user.clone() } else { decode(path) };
+    let mut tls = TlsConfig::disabled();
+    let mut application = "outbox-cdc".to_owned();
+    for (key, value) in url.query_pairs() {
+        match key.as_ref() {
+            "host" => host = value.into_owned(),
+            "application_name" => application = value.into_owned(),
+            "sslmode" => {
+                tls = match value.as_ref() {
+                    "disable" | "allow" | "prefer" if !cfg!(feature = "cdc-tls") => TlsConfig::disabled(),
+                    "disable" => TlsConfig::disabled(),
+                    _ if !cfg!(feature = "cdc-tls") => {
+                        return Err(bad(&format!(
+                        "asks for sslmode={value}: TLS on the replication connection needs outbox-runtime's \
+                             feature cdc-tls"
+                    )))
+                    }
+                    "allow" | "prefer" | "require" => TlsConfig::require(),
+                    "verify-ca" => TlsConfig::verify_ca(None),
+                    "verify-full" => TlsConfig::verify_full(None),
+                    other => return Err(bad(&format!("has an unknown sslmode {other:?}"))),
+                }
+            }
+            _ => {}
+        }
+    }
+    if host.is_empty() {
+        return Err(bad("has no host"));
+    }
+    Ok(ReplicationConfig::new(
+        host,
+        user,
+        password,
+        database,
+        config.slot.clone(),
+        config.publication.as_str(),
+    )
+    .with_port(url.port().unwrap_or(5432))
+    .with_tls(tls)
+    .with_status_interval(config.status_interval)
+    .with_options(SESSION_OPTIONS)
+    .with_application_name(application))
+}
+
+/// What the reader hands the publisher, in stream order.
+#[derive(Debug)]
+pub(crate) enum Item {
+    /// A transaction begins.
+    Begin,
+    /// An event inserted by it, with its share of the memory budget.
+    Row(Box<Row>, OwnedSemaphorePermit),
+    /// It committed; the position after it.
+    Commit(u64),
+    /// A position past everything received (a keepalive's end, a heartbeat).
+    Position(u64),
+}
+
+/// Why a session ended without a shutdown.
+#[derive(Debug)]
+pub(crate) enum Ended {
+    /// Another process streams from the slot (SQLSTATE 55006).
+    Busy(String),
+    /// The connection or the server failed: try again.
+    Transient(String),
+    /// What cannot be fixed by trying again.
+    Fatal(Error),
+}
+
+/// The SQLSTATE a server error's text ends with, as the replication client reports it.
+pub(crate) fn sqlstate(error: &pgwire_replication::PgWireError) -> Option<String> {
+    let text = error.to_string();
+    let start = text.rfind("(SQLSTATE ")? + "(SQLSTATE ".len();
+    text.get(start..start + 5).map(str::to_owned)
+}
+
+/// Classifies a replication client's error.
+pub(crate) fn ended(error: &pgwire_replication::PgWireError, slot: &str) -> Ended {
+    use pgwire_replication::PgWireError as E;
+    let text = error.to_string();
+    match (sqlstate(error).as_deref(), error) {
+        (Some("55006"), _) => Ended::Busy(text),
+        // undefined_object: the slot was dropped.
+        (Some("42704"), _) => Ended::Fatal(Error::Replication(format!(
+            "replication slot {slot:?} no longer exists ({text}): the relay never creates one itself. Events written \
+             since it was dropped are not in any stream: recover them with a backfill (`outbox relay --backfill`), \
+             then set the slot up again (`outbox cdc setup`)"
+        ))),
+        // insufficient_privilege, invalid_authorization_specification, invalid_password.
+        (Some("42501" | "28000" | "28P01"), _) | (_, E::Auth(_) | E::Tls(_)) => {
+            Ended::Fatal(Error::Replication(format!("the replication connection is refused: {text}")))
+        }
+        (Some(code), _) if code.starts_with("55") || code == "58P01" => {
+            // object_not_in_prerequisite_state other than 55006, e.g. a slot whose WAL was removed.
+            if text.contains("can no longer") || text.contains("invalidated") || text.contains("removed") {
+                Ended::Fatal(super::setup::lost(slot))
+            } else {
+                Ended::Transient(text)
+            }
+        }
+        _ => Ended::Transient(text),
+    }
+}
+
+/// The reader's ends of the session: items out to the publisher, confirmed positions back
+/// from it, and the memory budget of the events in between.
+#[derive(Debug)]
+pub(crate) struct Feed {
+    pub(crate) items: mpsc::Sender<Item>,
+    pub(crate) confirmed: watch::Receiver<u64>,
+    pub(crate) budget: Arc<Semaphore>,
+    /// The budget's size: the most one event takes of it.
+    pub(crate) max_bytes: usize,
+}
+
+/// Reads the stream of the outbox table `schema.table` until shutdown or an error, sending
+/// items in order to the publisher and reporting each confirmed position it sends back.
+pub(crate) async fn read(
+    client: &mut ReplicationClient,
+    (schema, table): (&str, &str),
+    slot: &str,
+    feed: Feed,
+    shutdown: &CancellationToken,
+) -> std::result::Result<(), Ended> {
+    let Feed { items, mut confirmed, budget, max_bytes } = feed;
+    let mut ours: Option<(u32, Layout)> = None;
+    loop {
+        let event = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return Ok(()),
+            changed = confirmed.changed() => {
+                report(client, &mut confirmed, changed)?;
+                continue;
+            }
+            event = client.recv() => event,
+        };
+        let event = match event {
+            Ok(Some(event)) => event,
+            Ok(None) => return Err(Ended::Transient("the server ended the replication stream".to_owned())),
+            Err(error) => return Err(ended(&error, slot)),
+        };
+        let item = match event {
+            ReplicationEvent::Begin { .. } => Item::Begin,
+            ReplicationEvent::Commit { end_lsn, .. } => Item::Commit(end_lsn.0),
+            ReplicationEvent::KeepAlive { wal_end, .. } => Item::Position(wal_end.0),
+            // Non-transactional logical messages (heartbeats) are past everything before them.
+            ReplicationEvent::Message { transactional: false, lsn, .. } => Item::Position(lsn.0),
+            ReplicationEvent::Message { .. } | ReplicationEvent::StoppedAt { .. } => continue,
+            ReplicationEvent::XLogData { data, .. } => match decode::message(&data) {
+                Ok(Message::Relation(relation)) => {
+                    if relation.namespace == schema && relation.name == table {
+                        let layout =
+                            Layout::of(&relation).map_err(|e| Ended::Fatal(Error::Replication(e.0)))?;
+                        debug!(
+                            stage = "stream",
+                            relation = relation.id,
+                            columns = relation.columns.len(),
+                            "outbox table layout"
+                        );
+                        ours = Some((relation.id, layout));
+                    }
+                    continue;
+                }
+                Ok(Message::Insert { relation, tuple }) => {
+                    let Some((_, layout)) = ours.as_ref().filter(|(id, _)| *id == relation) else {
+                        if ours.is_none() {
+                            debug!(
+                                stage = "stream",
+                                relation, "insert into another table of the publication"
+                            );
+                        }
+                        continue;
+                    };
+                    let row = layout.row(tuple).map_err(|e| {
+                        Ended::Fatal(Error::Replication(format!(
+                            "an inserted row of {schema}.{table} is unreadable: {e}"
+                        )))
+                    })?;
+                    let size = row.payload.len() + row.headers.len() + row.aggregate_id.len() + 256;
+                    let permits = u32::try_from(size.min(max_bytes)).unwrap_or(u32::MAX);
+                    let permit = loop {
+                        tokio::select! {
+                            () = shutdown.cancelled() => return Ok(()),
+                            changed = confirmed.changed() => report(client, &mut confirmed, changed)?,
+                            permit = budget.clone().acquire_many_owned(permits) => break permit.map_err(|_| {
+                                Ended::Transient("the memory budget was closed".to_owned())
+                            })?,
+                        }
+                    };
+                    Item::Row(Box::new(row), permit)
+                }
+                Ok(Message::Change(tag)) => {
+                    warn!(stage = "stream", slot, tag = %tag,
+                          "the publication sends updates, deletes or truncates; only inserts are relayed");
+                    continue;
+                }
+                Ok(Message::Other) => continue,
+                Err(error) => {
+                    return Err(Ended::Fatal(Error::Replication(format!(
+                        "slot {slot:?} sent a message the relay cannot read: {error}"
+                    ))))
+                }
+            },
+        };
+        // A full channel waits here; the client keeps answering the server's keepalives.
+        let slot = loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                changed = confirmed.changed() => report(client, &mut confirmed, changed)?,
+                slot = items.reserve() => match slot {
+                    Ok(slot) => break slot,
+                    Err(_) => return Ok(()),
+                },
+            }
+        };
+        slot.send(item);
+    }
+}
+
+/// Reports a confirmed position the publisher sent (it stopped if `changed` failed).
+fn report(
+    client: &ReplicationClient,
+    confirmed: &mut watch::Receiver<u64>,
+    changed: std::result::Result<(), watch::error::RecvError>,
+) -> std::result::Result<(), Ended> {
+    if changed.is_err() {
+        return Err(Ended::Transient("the publisher stopped".to_owned()));
+    }
+    client.update_applied_lsn(Lsn(*confirmed.borrow_and_update()));
+    Ok(())
+}
