@@ -9,14 +9,17 @@
 //! | `OUTBOX_POLL_MS` | poll interval when no NOTIFY arrives | `RelayConfig`'s (1 s) |
 //! | `OUTBOX_LEASE_TTL_MS` | work partition lease | `RelayConfig`'s (30 s) |
 //! | `OUTBOX_MESSAGE_TIMEOUT_MS` | how long a batch's records may wait to be acknowledged | `RelayConfig`'s (10 s) |
-//!
-//! The records name this service as their CloudEvents `source`: `/order-service`.
+//! | `OUTBOX_CDC_SLOT` | stream from this replication slot and publication (the change-data-capture relay; `outbox cdc setup --slot S --publication S` first) instead of polling | off |
+//! | `OUTBOX_CDC_TAKEOVER_MS` | how often a standby tries to take the slot over | `CdcConfig`'s (2 s) |
 //! | `OUTBOX_METRICS_ADDR` | serve Prometheus metrics here (e.g. `127.0.0.1:9187`) | off |
 //! | `RUST_LOG` | log filter | `info` |
+//!
+//! The records name this service as their CloudEvents `source`: `/order-service`.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
+use outbox_runtime::cdc::{CdcConfig, CdcRelay};
 use outbox_runtime::relay::{Relay, RelayConfig};
 use outbox_runtime::Outbox;
 use sqlx::postgres::PgPoolOptions;
@@ -76,6 +79,10 @@ pub fn init_logging() {
     use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = match outbox_runtime::cdc::QUIET_CLIENT_LOG.parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -102,13 +109,25 @@ pub fn main_from_env() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         serve_metrics_from_env()?;
-        let pool = PgPoolOptions::new().max_connections(4).connect(&database).await?;
+        // The change-data-capture relay also runs the table path and marks in the background.
+        let connections = if std::env::var_os("OUTBOX_CDC_SLOT").is_some() { 8 } else { 4 };
+        let pool = PgPoolOptions::new().max_connections(connections).connect(&database).await?;
         let outbox = Outbox::default_ref().clone();
         outbox.migrator().run(&pool).await?;
-        let relay = Relay::new(pool, outbox, config)?;
         let shutdown = CancellationToken::new();
         outbox_runtime::signal::cancel_on_signal(shutdown.clone());
-        relay.run(shutdown).await
+        match std::env::var("OUTBOX_CDC_SLOT") {
+            Ok(slot) => {
+                let mut cdc = CdcConfig::new(&database).slot(&slot).publication(&slot);
+                if let Some(ms) =
+                    env_number("OUTBOX_CDC_TAKEOVER_MS").map_err(outbox_runtime::Error::Config)?
+                {
+                    cdc = cdc.takeover_interval(Duration::from_millis(ms));
+                }
+                CdcRelay::new(pool, outbox, config, cdc)?.run(shutdown).await
+            }
+            Err(_) => Relay::new(pool, outbox, config)?.run(shutdown).await,
+        }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -60,6 +60,14 @@ impl Outbox {
     }
 }
 
+/// A pending row anything but its append touched: attempted (a retry is scheduled or was
+/// made), published or failed before (put up again by `replay` or `retry`), or handed to
+/// the change-data-capture relay's table path. A pending row not touched is fresh: the
+/// stream's to publish. The predicate of the `touched` indexes, spelled as they are so
+/// that a query can use them.
+pub(crate) const TOUCHED: &str =
+    "(next_attempt_at > '-infinity' OR attempts > 0 OR published_at IS NOT NULL OR failed_at IS NOT NULL)";
+
 fn migrations(names: &Names, work_partitions: u32) -> Vec<Migration> {
     let outbox = &names.outbox;
     let leases = &names.leases;
@@ -162,6 +170,19 @@ ALTER TABLE {outbox} ADD COLUMN failed_at timestamptz;
 {audit}"#,
         audit = crate::action::audit_table_sql(&names.audit, ""),
     );
+    // Pending events an operator put up again (`retry`, `replay`), waiting for a retry, or
+    // handed over by the change-data-capture stream: its table path, by id and by aggregate
+    // (the stream's order check). Empty most of the time. Built concurrently, one
+    // statement per migration (CONCURRENTLY runs outside a transaction), so that an
+    // existing outbox keeps taking appends while they are built.
+    let touched = |name: &str, columns: &str| {
+        format!(
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {outbox} ({columns}) WHERE status = 'pending' AND {TOUCHED}",
+            index = names.index(name),
+        )
+    };
+    let v5 = touched("touched", "id");
+    let v6 = touched("touched_by_aggregate", "aggregate_type, aggregate_id, id");
     vec![
         Migration::new(
             1,
@@ -190,6 +211,20 @@ ALTER TABLE {outbox} ADD COLUMN failed_at timestamptz;
             MigrationType::Simple,
             AssertSqlSafe(v4).into_sql_str(),
             false,
+        ),
+        Migration::new(
+            5,
+            "index of events put up again".into(),
+            MigrationType::Simple,
+            AssertSqlSafe(v5).into_sql_str(),
+            true,
+        ),
+        Migration::new(
+            6,
+            "index of events put up again, by aggregate".into(),
+            MigrationType::Simple,
+            AssertSqlSafe(v6).into_sql_str(),
+            true,
         ),
     ]
 }

@@ -203,7 +203,24 @@ async fn refuses_to_start_without_its_slot_or_publication(pool: PgPool) {
             .expect("slots");
     assert!(!exists, "the relay created no slot");
 
-    slot.config.setup(&pool, &outbox).await.expect("setup");
+    // A slot and publication made by hand: the events written before them are not handed
+    // over, so the relay does not stream until `setup` did.
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+        .bind(slot.name())
+        .execute(&pool)
+        .await
+        .expect("slot");
+    sqlx::query(AssertSqlSafe(format!("CREATE PUBLICATION \"{}\" FOR TABLE outbox", slot.name())))
+        .execute(&pool)
+        .await
+        .expect("publication");
+    let error = run(slot.config.clone()).await.expect_err("setup not complete");
+    assert!(
+        error.to_string().contains("not complete") && error.to_string().contains("outbox cdc setup"),
+        "{error}"
+    );
+    let report = slot.config.setup(&pool, &outbox).await.expect("setup");
+    assert!(!report.slot_created && !report.publication_created, "{report:?}");
     sqlx::query(AssertSqlSafe(format!("ALTER PUBLICATION \"{}\" DROP TABLE outbox", slot.name())))
         .execute(&pool)
         .await

@@ -5,6 +5,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use outbox_runtime::{AppendOptions, NewEvent, OutboxEvent};
+use outbox_tests::cdc_kit::Slot;
 use outbox_tests::kafka::Kafka;
 use outbox_tests::{database_url, migrate, rows_in, Rng};
 use schemars::JsonSchema;
@@ -32,9 +33,16 @@ fn versions() -> i64 {
     std::env::var("OUTBOX_KILL_VERSIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(100)
 }
 
-fn spawn_relay(database: &str, brokers: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_test-relay"))
-        .env("DATABASE_URL", database)
+/// A relay process: the polling relay, or with `slot` the change-data-capture relay
+/// streaming from it (a standby while another process streams). Its connections carry
+/// `name` as their application name, so that the streaming one can be told apart.
+fn spawn_relay(database: &str, brokers: &str, slot: Option<&str>, name: &str) -> Child {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_test-relay"));
+    if let Some(slot) = slot {
+        command.env("OUTBOX_CDC_SLOT", slot).env("OUTBOX_CDC_TAKEOVER_MS", "300");
+    }
+    command
+        .env("DATABASE_URL", format!("{database}?application_name={name}"))
         .env("KAFKA_BROKERS", brokers)
         // A message timeout makes librdkafka bump its idempotent producer epoch, which
         // Tansu 0.6.0 cannot handle (its storage panics at lite.rs:503, "more or less than
@@ -56,7 +64,7 @@ async fn relays_killed_at_random_lose_nothing_and_keep_per_aggregate_order(pool:
     // mark, while 3 relays drain 20,000 events of 200 aggregates (see `versions`). Invariant 4: nothing is
     // lost (killed relays' partitions return when their leases expire). Invariant 5: for
     // every aggregate, first appearances in the topic follow aggregate_version order.
-    kill_run(pool, 200, versions()).await;
+    kill_run(pool, 200, versions(), false).await;
 }
 
 /// The same with 10 hot aggregates carrying every event: each batch sends every
@@ -65,13 +73,24 @@ async fn relays_killed_at_random_lose_nothing_and_keep_per_aggregate_order(pool:
 /// a third kill).
 #[sqlx::test(migrations = false)]
 async fn relays_killed_at_random_keep_hot_aggregates_in_order(pool: PgPool) {
-    kill_run(pool, 10, (versions() * 20).max(600)).await;
+    kill_run(pool, 10, (versions() * 20).max(600), false).await;
 }
 
-async fn kill_run(pool: PgPool, aggregates: i64, versions: i64) {
+/// The change-data-capture relay's processes killed at random: one streams, two stand by
+/// and take the slot over; what was not confirmed is streamed again. Nothing lost, order
+/// per aggregate kept (test 5 of the design: takeovers after kill -9, 0 order violations).
+#[sqlx::test(migrations = false)]
+async fn streaming_relays_killed_at_random_lose_nothing_and_keep_per_aggregate_order(pool: PgPool) {
+    kill_run(pool, 200, versions(), true).await;
+}
+
+async fn kill_run(pool: PgPool, aggregates: i64, versions: i64, cdc: bool) {
     let kafka = Kafka::start();
     kafka.create_topic(TOPIC, 6).await;
     let outbox = migrate(&pool).await;
+    // The slot before the appends: they are streamed, not handed to the table path.
+    let slot = if cdc { Some(Slot::setup(&pool, &outbox).await) } else { None };
+    let slot_name = slot.as_ref().map(Slot::name);
     let run = Uuid::new_v4().simple().to_string()[..8].to_owned();
     let key = |a: i64| format!("kill-{run}-{a:03}");
     for version in 1..=versions {
@@ -88,7 +107,10 @@ async fn kill_run(pool: PgPool, aggregates: i64, versions: i64) {
     let total = aggregates * versions;
     let database = database_url(&pool);
     let mut rng = Rng::from_env("relay_kill");
-    let mut relays: Vec<Child> = (0..RELAYS).map(|_| spawn_relay(&database, kafka.bootstrap())).collect();
+    let mut names: Vec<String> = (0..RELAYS).map(|i| format!("kill-relay-{i}")).collect();
+    let mut relays: Vec<Child> =
+        names.iter().map(|name| spawn_relay(&database, kafka.bootstrap(), slot_name, name)).collect();
+    let mut spawned = RELAYS;
     // Kills are placed by progress, not by the clock: one as the drain passes each of KILLS
     // points drawn at random in 2-75% of it, then one every 50-500 ms until it is done.
     // Relays that drain 20,000 events in 1.7 s (the mock cluster) still die mid-drain;
@@ -102,6 +124,7 @@ async fn kill_run(pool: PgPool, aggregates: i64, versions: i64) {
     points.sort_unstable();
     let started = Instant::now();
     let mut kills = 0u32;
+    let mut streaming_kills = 0u32;
     let mut next_point = 0;
     while started.elapsed() < Duration::from_secs(240) {
         let published = rows_in(&pool, "published").await;
@@ -113,15 +136,37 @@ async fn kill_run(pool: PgPool, aggregates: i64, versions: i64) {
             continue;
         }
         next_point += 1;
-        let victim = rng.range(0, RELAYS as u64) as usize;
+        let mut victim = rng.range(0, RELAYS as u64) as usize;
+        if let Some(slot) = slot_name {
+            // Two kills in three hit the process that streams (a standby's death changes
+            // nothing): found by the application name of the slot's server process.
+            let streaming: Option<String> = sqlx::query_scalar(
+                "SELECT a.application_name FROM pg_replication_slots s \
+                 JOIN pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = $1",
+            )
+            .bind(slot)
+            .fetch_optional(&pool)
+            .await
+            .expect("the streaming relay");
+            if let Some(i) = streaming.and_then(|name| names.iter().position(|n| *n == name)) {
+                if rng.range(0, 3) < 2 {
+                    victim = i;
+                    streaming_kills += 1;
+                }
+            }
+        }
         relays[victim].kill().expect("SIGKILL");
         relays[victim].wait().expect("reap");
         kills += 1;
         tokio::time::sleep(Duration::from_millis(rng.range(0, 400))).await;
-        relays[victim] = spawn_relay(&database, kafka.bootstrap());
+        names[victim] = format!("kill-relay-{spawned}");
+        spawned += 1;
+        relays[victim] = spawn_relay(&database, kafka.bootstrap(), slot_name, &names[victim]);
         if next_point > points.len() {
-            // Past the last point: one kill every 50-500 ms until drained.
-            tokio::time::sleep(Duration::from_millis(rng.range(50, 500))).await;
+            // Past the last point: one kill every 50-500 ms until drained; streaming relays
+            // need a takeover (a start, then up to 300 ms) after each, so every 1-3 s.
+            let (low, high) = if cdc { (1000, 3000) } else { (50, 500) };
+            tokio::time::sleep(Duration::from_millis(rng.range(low, high))).await;
         }
     }
     let drained_in = started.elapsed();
@@ -179,7 +224,8 @@ async fn kill_run(pool: PgPool, aggregates: i64, versions: i64) {
     let duplicates = ours.len() - seen.len();
     let rate = total as f64 / drained_in.as_secs_f64();
     eprintln!(
-        "relay_kill: events={total} aggregates={aggregates} relays={RELAYS} kills={kills} in_topic={} missing={missing} \
+        "relay_kill: cdc={cdc} events={total} aggregates={aggregates} relays={RELAYS} kills={kills} \
+         streaming_kills={streaming_kills} in_topic={} missing={missing} \
          duplicates={duplicates} order_violations={order_violations} drained_in={:.1}s rate={rate:.0}/s cores={}",
         ours.len(),
         drained_in.as_secs_f64(),
@@ -201,6 +247,7 @@ async fn kill_run(pool: PgPool, aggregates: i64, versions: i64) {
     }
     assert_eq!(missing, 0, "every event is in the topic at least once");
     assert_eq!(order_violations, 0, "first appearances follow aggregate_version order");
+    assert!(!cdc || streaming_kills >= 1, "a streaming relay was killed: {streaming_kills} of {kills} kills");
     assert!(
         kills as usize >= MIN_KILLS,
         "the fault was injected: {kills} kills, {KILLS} planned, {MIN_KILLS} needed"

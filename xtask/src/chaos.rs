@@ -5,6 +5,9 @@
 //! is cut, commits in flight included); then everything is left to settle and the result
 //! is checked: every confirmed order has exactly one applied effect in the projection.
 //!
+//! `--cdc` runs the change-data-capture relay instead (a slot of its own, dropped at the
+//! end): one relay process streams, the other stands by and takes over.
+//!
 //! The PostgreSQL restart runs `pg_ctlcluster --skip-systemctl-redirect VERSION main
 //! restart` (the one cluster under `/etc/postgresql`), or the shell command in
 //! `OUTBOX_CHAOS_PG_RESTART`; `--no-pg-restart` leaves it out (a database this machine
@@ -12,7 +15,7 @@
 //! silently skipped fault.
 //!
 //! The last line printed is JSON:
-//! `{"events":N,"published":..,"applied":..,"lost":0,"applied_twice":0,"duplicates_absorbed":..,"kills":..,"pg_restarts":1}`;
+//! `{"relay":"polling","events":N,"published":..,"applied":..,"lost":0,"applied_twice":0,"duplicates_absorbed":..,"kills":..,"pg_restarts":1}`;
 //! the exit code is 1 when anything was lost or applied twice. `duplicates_absorbed` counts
 //! the `order.confirmed` records in the topic beyond one per event (published again by a
 //! relay killed before it marked them), each absorbed by the inbox; redeliveries to a
@@ -44,6 +47,37 @@ pub(crate) struct ChaosArgs {
     /// Do not restart PostgreSQL during the faults.
     #[arg(long)]
     no_pg_restart: bool,
+    /// Run the change-data-capture relay (a replication slot of its own, `outbox_chaos`;
+    /// needs wal_level = logical) instead of the polling relay: one relay process streams,
+    /// the other stands by, and each kill of the streaming one is a takeover.
+    #[arg(long)]
+    cdc: bool,
+}
+
+/// The slot and publication of a `--cdc` run.
+const SLOT: &str = "outbox_chaos";
+
+/// Drops the chaos run's slot if it exists (a database with a slot cannot be dropped, and
+/// a slot left behind keeps WAL on the server).
+async fn drop_slot() -> Result<(), Failure> {
+    let admin = PgPoolOptions::new().max_connections(1).connect(&outbox_tests::db::base_url()).await?;
+    sqlx::query("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL")
+        .bind(SLOT)
+        .execute(&admin)
+        .await?;
+    for _ in 0..50 {
+        let dropped = sqlx::query(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(SLOT)
+        .execute(&admin)
+        .await;
+        if dropped.is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("cannot drop replication slot {SLOT}").into())
 }
 
 /// The command that restarts the PostgreSQL server, if this machine has one.
@@ -178,6 +212,7 @@ async fn chaos(args: ChaosArgs) -> Result<bool, Failure> {
     let mut rng = Rng::seeded(seed);
     let pg_restart = if args.no_pg_restart { None } else { Some(pg_restart_command()?) };
     let bin = binaries()?;
+    drop_slot().await?;
     let [orders_url, projection_url] =
         fresh_databases(["outbox_chaos_orders", "outbox_chaos_projection"]).await?;
     let orders_db = PgPoolOptions::new().max_connections(4).connect(&orders_url).await?;
@@ -208,6 +243,14 @@ async fn chaos(args: ChaosArgs) -> Result<bool, Failure> {
         outbox_examples::projection::handlers(),
     )?;
     inbox_tables.migrator().run(&projection_db).await?;
+    if args.cdc {
+        let report = outbox_runtime::cdc::CdcConfig::new(&orders_url)
+            .slot(SLOT)
+            .publication(SLOT)
+            .setup(&orders_db, &outbox)
+            .await?;
+        println!("chaos: change data capture from slot {SLOT} ({report:?})");
+    }
 
     let role = |name: &str, program: &str, env: &[(&str, &str)], logs: &Path| Role {
         name: name.to_owned(),
@@ -223,7 +266,7 @@ async fn chaos(args: ChaosArgs) -> Result<bool, Failure> {
         &[("DATABASE_URL", &orders_url), ("ORDERS", &events), ("RUST_LOG", "warn")],
         &logs,
     );
-    let relay_env = [
+    let mut relay_env = vec![
         ("DATABASE_URL", orders_url.as_str()),
         ("KAFKA_BROKERS", brokers.as_str()),
         ("OUTBOX_LEASE_TTL_MS", "6000"),
@@ -231,6 +274,9 @@ async fn chaos(args: ChaosArgs) -> Result<bool, Failure> {
         ("OUTBOX_POLL_MS", "500"),
         ("RUST_LOG", "warn"),
     ];
+    if args.cdc {
+        relay_env.extend([("OUTBOX_CDC_SLOT", SLOT), ("OUTBOX_CDC_TAKEOVER_MS", "500")]);
+    }
     let consumer_env = [
         ("CONSUMER_DATABASE_URL", projection_url.as_str()),
         ("KAFKA_BROKERS", brokers.as_str()),
@@ -357,8 +403,12 @@ async fn chaos(args: ChaosArgs) -> Result<bool, Failure> {
         .await?;
     let Verdict { applied, lost, applied_twice } = verdict(&confirmed, &projected);
     let (in_topic, distinct) = topic_counts(&kafka, "orders", "order.confirmed")?;
+    if args.cdc {
+        drop_slot().await?;
+    }
     let line = format!(
-        "{{\"events\":{},\"published\":{published},\"applied\":{},\"lost\":{lost},\"applied_twice\":{applied_twice},\"duplicates_absorbed\":{},\"kills\":{kills},\"pg_restarts\":{pg_restarts}}}",
+        "{{\"relay\":\"{}\",\"events\":{},\"published\":{published},\"applied\":{},\"lost\":{lost},\"applied_twice\":{applied_twice},\"duplicates_absorbed\":{},\"kills\":{kills},\"pg_restarts\":{pg_restarts}}}",
+        if args.cdc { "cdc" } else { "polling" },
         confirmed.len(),
         applied,
         in_topic - distinct

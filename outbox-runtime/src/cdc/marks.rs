@@ -4,13 +4,14 @@
 use sqlx::{PgPool, Row as _, SqlStr};
 
 use crate::error::Result;
+use crate::migrate::TOUCHED;
 use crate::relay::claim::{storable, Placement, MARK_PLAN};
 use crate::table::{sql, Names};
 
 /// A streamed row as the table has it now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum State {
-    /// Still the stream's to publish (pending, never handed over).
+    /// Still the stream's to publish (pending, untouched since its append).
     Mine,
     /// Its aggregate has an earlier failed or waiting event: it goes to the table path
     /// behind it.
@@ -18,6 +19,23 @@ pub(crate) enum State {
     /// Published, failed, discarded, handed over, put up again or deleted since: not the
     /// stream's any more.
     Gone,
+}
+
+/// [`crate::migrate::TOUCHED`] of the table aliased `alias`.
+fn touched(alias: &str) -> String {
+    TOUCHED
+        .replace("next_attempt_at", &format!("{alias}.next_attempt_at"))
+        .replace("attempts", &format!("{alias}.attempts"))
+        .replace("published_at", &format!("{alias}.published_at"))
+        .replace("failed_at", &format!("{alias}.failed_at"))
+}
+
+/// What [`Statements::states`] found.
+#[derive(Debug, Default)]
+pub(crate) struct States {
+    pub(crate) known: Vec<(i64, State)>,
+    /// Rows whose transaction the snapshot does not see yet.
+    pub(crate) invisible: Vec<i64>,
 }
 
 #[derive(Debug)]
@@ -40,14 +58,29 @@ impl Statements {
     pub(crate) fn new(names: &Names) -> Self {
         let outbox = &names.outbox;
         Statements {
-            // The first blocker condition is the predicate of the `blocked` index.
+            // Blockers: an earlier failed event of the aggregate (the `blocked` index), or an
+            // earlier pending one something touched (the `touched_by_aggregate` index). The
+            // 64-bit transaction id is the one nearest the snapshot's xmax with these low
+            // 32 bits (a live transaction is never 2^31 away from it).
             states: sql(format!(
-                "SELECT o.id, o.status = 'pending' AND o.next_attempt_at = '-infinity', \
+                "WITH s AS (SELECT pg_current_snapshot() AS snap), \
+                      x AS (SELECT pg_snapshot_xmax(snap)::text::bigint AS xmax FROM s) \
+                 SELECT d.id, o.id IS NOT NULL, coalesce(o.status = 'pending' AND NOT {touched_o}, false), \
                         EXISTS (SELECT 1 FROM {outbox} b \
-                                WHERE b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id \
-                                  AND b.id < o.id \
-                                  AND (b.status = 'failed' OR (b.status = 'pending' AND b.next_attempt_at > '-infinity'))) \
-                 FROM {outbox} o WHERE o.id = ANY($1)"
+                                WHERE b.aggregate_type = d.t AND b.aggregate_id = d.a AND b.id < d.id \
+                                  AND b.status = 'failed') \
+                        OR EXISTS (SELECT 1 FROM {outbox} b \
+                                WHERE b.aggregate_type = d.t AND b.aggregate_id = d.a AND b.id < d.id \
+                                  AND b.status = 'pending' AND {touched_b}), \
+                        pg_visible_in_snapshot((CASE WHEN c.full > x.xmax + 2147483648 THEN c.full - 4294967296 \
+                                                     WHEN c.full < x.xmax - 2147483648 THEN c.full + 4294967296 \
+                                                     ELSE c.full END)::text::xid8, s.snap) \
+                 FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[]) AS d(id, t, a, xid) \
+                 CROSS JOIN s CROSS JOIN x \
+                 CROSS JOIN LATERAL (SELECT ((x.xmax >> 32) << 32) | d.xid AS full) AS c \
+                 LEFT JOIN {outbox} o ON o.id = d.id",
+                touched_o = touched("o"),
+                touched_b = touched("b"),
             )),
             published: sql(format!(
                 "UPDATE {outbox} o SET status = 'published', published_at = now(), attempts = o.attempts + d.att, \
@@ -63,29 +96,45 @@ impl Statements {
             )),
             hand_over: sql(format!(
                 "UPDATE {outbox} SET next_attempt_at = now() \
-                 WHERE id = ANY($1) AND status = 'pending' AND next_attempt_at = '-infinity'"
+                 WHERE id = ANY($1) AND status = 'pending' AND NOT {TOUCHED}"
             )),
         }
     }
 
-    /// The state of each of `ids` (a deleted row is missing: [`State::Gone`]).
-    pub(crate) async fn states(&self, pool: &PgPool, ids: &[i64]) -> Result<Vec<(i64, State)>> {
-        let rows = sqlx::query(self.states.clone()).bind(ids).fetch_all(pool).await?;
-        rows.iter()
-            .map(|r| {
-                let (id, mine, blocked): (i64, bool, bool) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
-                Ok((
-                    id,
-                    if !mine {
-                        State::Gone
-                    } else if blocked {
-                        State::Blocked
-                    } else {
-                        State::Mine
-                    },
-                ))
-            })
-            .collect()
+    /// The state of each streamed row `(id, aggregate type, aggregate id, transaction)`
+    /// that the statement's snapshot sees, and the transactions it does not see yet:
+    /// committed in the WAL (the stream carries them) but not yet visible to a new snapshot.
+    /// That window is usually microseconds; with synchronous replication it lasts until the
+    /// standbys confirm. A row missing whose transaction is visible was deleted since.
+    pub(crate) async fn states(&self, pool: &PgPool, rows: &[(i64, &str, &str, u32)]) -> Result<States> {
+        let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+        let types: Vec<&str> = rows.iter().map(|r| r.1).collect();
+        let aggregates: Vec<&str> = rows.iter().map(|r| r.2).collect();
+        let xids: Vec<i64> = rows.iter().map(|r| i64::from(r.3)).collect();
+        let found = sqlx::query(self.states.clone())
+            .bind(ids)
+            .bind(types)
+            .bind(aggregates)
+            .bind(xids)
+            .fetch_all(pool)
+            .await?;
+        let mut states = States::default();
+        for r in &found {
+            let (id, present, mine, blocked, visible): (i64, bool, bool, bool, bool) =
+                (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?, r.try_get(4)?);
+            let state = match (present, visible) {
+                (false, false) => {
+                    states.invisible.push(id);
+                    continue;
+                }
+                (false, true) => State::Gone,
+                (true, _) if !mine => State::Gone,
+                (true, _) if blocked => State::Blocked,
+                (true, _) => State::Mine,
+            };
+            states.known.push((id, state));
+        }
+        Ok(states)
     }
 
     /// Marks acknowledged rows published: (id, placement, attempts made by the stream).

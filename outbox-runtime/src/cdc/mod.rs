@@ -66,6 +66,13 @@ use crate::secrets::redact_urls;
 
 pub use self::setup::{SetupReport, SlotStatus};
 
+/// A log filter directive for the replication client's own error log: it logs every
+/// session that ends, at error level (a standby's refused attempt, every
+/// [`CdcConfig::takeover_interval`]), and the relay logs the same errors itself with what
+/// they mean. Add it to a `tracing_subscriber::EnvFilter` to see each once; the `outbox`
+/// command and the example relay do.
+pub const QUIET_CLIENT_LOG: &str = "pgwire_replication::client::tokio_client=off";
+
 /// The default name of the slot and of the publication.
 pub const DEFAULT_SLOT: &str = "outbox_cdc";
 

@@ -13,6 +13,20 @@ struct Entry {
     end: Option<u64>,
     /// Rows of it not yet done.
     outstanding: usize,
+    /// The greatest position of the done entries after it, folded into it: confirmable
+    /// with it. Entries are so bounded by the transactions not done (whose rows the memory
+    /// budget bounds), however many keepalives and done commits queue behind one.
+    tail: u64,
+}
+
+impl Entry {
+    fn done(&self) -> bool {
+        self.end.is_some() && self.outstanding == 0
+    }
+
+    fn reach(&self) -> u64 {
+        self.end.unwrap_or(0).max(self.tail)
+    }
 }
 
 /// The stream's transactions and positions in the order received, until confirmed.
@@ -29,56 +43,75 @@ impl Progress {
     pub(crate) fn begin(&mut self) -> u64 {
         let seq = self.next;
         self.next += 1;
-        self.entries.push_back(Entry { seq, end: None, outstanding: 0 });
+        self.entries.push_back(Entry { seq, end: None, outstanding: 0, tail: 0 });
         seq
     }
 
-    fn entry(&mut self, seq: u64) -> Option<&mut Entry> {
-        let i = self.entries.binary_search_by_key(&seq, |e| e.seq).ok()?;
-        self.entries.get_mut(i)
+    fn index(&self, seq: u64) -> Option<usize> {
+        self.entries.binary_search_by_key(&seq, |e| e.seq).ok()
+    }
+
+    /// Folds entry `i` into the one before it once it is done (never the first: that one
+    /// is confirmed instead).
+    fn fold(&mut self, i: usize) {
+        if i == 0 || !self.entries[i].done() {
+            return;
+        }
+        let reach = self.entries[i].reach();
+        let before = &mut self.entries[i - 1];
+        before.tail = before.tail.max(reach);
+        self.entries.remove(i);
     }
 
     /// A row of the transaction `seq` (the last one begun) arrived. A keepalive may have
     /// come in between: the transaction is found by its number, not by being last.
     pub(crate) fn row(&mut self, seq: u64) {
-        if let Some(entry) = self.entry(seq) {
-            entry.outstanding += 1;
+        if let Some(i) = self.index(seq) {
+            self.entries[i].outstanding += 1;
         }
     }
 
     /// The transaction `seq` committed, ending at `end`.
     pub(crate) fn commit(&mut self, seq: u64, end: u64) {
-        if let Some(entry) = self.entry(seq).filter(|e| e.end.is_none()) {
-            entry.end = Some(end);
+        if let Some(i) = self.index(seq) {
+            if self.entries[i].end.is_none() {
+                self.entries[i].end = Some(end);
+            }
+            self.fold(i);
         }
     }
 
     /// A position with nothing of ours before it that was not received (a keepalive's or a
     /// heartbeat's): confirmable once everything received before it is done.
     pub(crate) fn position(&mut self, lsn: u64) {
-        let seq = self.next;
-        self.next += 1;
-        self.entries.push_back(Entry { seq, end: Some(lsn), outstanding: 0 });
+        match self.entries.back_mut() {
+            Some(last) => last.tail = last.tail.max(lsn),
+            None => {
+                let seq = self.next;
+                self.next += 1;
+                self.entries.push_back(Entry { seq, end: Some(lsn), outstanding: 0, tail: 0 });
+            }
+        }
     }
 
     /// A row of transaction `seq` is done.
     pub(crate) fn done(&mut self, seq: u64) {
-        if let Some(entry) = self.entry(seq) {
+        if let Some(i) = self.index(seq) {
+            let entry = &mut self.entries[i];
             entry.outstanding = entry.outstanding.saturating_sub(1);
+            self.fold(i);
         }
     }
 
-    /// The LSN to confirm now, if it moved: the greatest end of the done prefix.
+    /// The LSN to confirm now, if it moved: the greatest position of the done prefix.
     pub(crate) fn confirmable(&mut self) -> Option<u64> {
         let mut best = None;
         while let Some(entry) = self.entries.front() {
-            match entry.end {
-                Some(end) if entry.outstanding == 0 => {
-                    best = Some(best.map_or(end, |b: u64| b.max(end)));
-                    self.entries.pop_front();
-                }
-                _ => break,
+            if !entry.done() {
+                break;
             }
+            best = Some(best.map_or(entry.reach(), |b: u64| b.max(entry.reach())));
+            self.entries.pop_front();
         }
         let best = best.filter(|b| *b > self.confirmed)?;
         self.confirmed = best;
@@ -159,6 +192,27 @@ mod tests {
             );
             assert_eq!(p.open(), 0);
         }
+    }
+
+    /// Behind one transaction not done, a million done ones and keepalives take one
+    /// entry, not a million.
+    #[test]
+    fn done_entries_behind_a_stuck_one_are_folded_into_it() {
+        let mut p = Progress::default();
+        let stuck = p.begin();
+        p.row(stuck);
+        p.commit(stuck, 10);
+        for i in 0..1_000_000u64 {
+            let seq = p.begin();
+            p.row(seq);
+            p.commit(seq, 20 + i);
+            p.done(seq);
+            p.position(20 + i);
+        }
+        assert_eq!(p.open(), 1, "folded");
+        assert_eq!(p.confirmable(), None, "the stuck one holds everything");
+        p.done(stuck);
+        assert_eq!(p.confirmable(), Some(20 + 999_999));
     }
 
     #[test]

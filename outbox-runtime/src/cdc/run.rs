@@ -147,8 +147,20 @@ impl CdcRelay {
         let publishing = AbortOnDropHandle::new(tokio::spawn(publisher.run(received, confirm, stop.clone())));
         let names = self.outbox.names();
         let feed = Feed { items, confirmed, budget, max_bytes };
-        let read =
-            stream::read(&mut client, (&names.schema, &names.table), &self.cdc.slot, feed, &stop).await;
+        let mut table_path = Some(table_path);
+        // The table path ending by itself ends the session: handed-over events would wait.
+        let read = tokio::select! {
+            read = stream::read(&mut client, (&names.schema, &names.table), &self.cdc.slot, feed, &stop) => read,
+            ended = async { table_path.as_mut().expect("running").await } => {
+                table_path = None;
+                let reason = match ended {
+                    Ok(Ok(())) => "the table path stopped".to_owned(),
+                    Ok(Err(error)) => format!("the table path stopped: {error}"),
+                    Err(error) => format!("the table path panicked: {error}"),
+                };
+                Err(Ended::Transient(reason))
+            }
+        };
         stop.cancel();
         let published = match publishing.await {
             Ok(result) => result,
@@ -160,6 +172,10 @@ impl CdcRelay {
         if tokio::time::timeout(Duration::from_secs(5), client.shutdown()).await.is_err() {
             client.abort();
         }
+        let Some(table_path) = table_path else {
+            read?;
+            return published.map(|_| ());
+        };
         match tokio::time::timeout(TABLE_PATH_STOP, table_path).await {
             Ok(Ok(Err(error))) => {
                 warn!(slot = %self.cdc.slot, stage = "table_path", %error, "the table path stopped")

@@ -22,8 +22,8 @@ pub struct SetupReport {
     pub publication_created: bool,
     /// The slot was created (false: it existed).
     pub slot_created: bool,
-    /// Pending events written before the slot existed, which its stream will never carry:
-    /// handed to the relay's table path, which publishes them.
+    /// Pending events written before the slot (or publication) existed, which its stream
+    /// will never carry: handed to the relay's table path, which publishes them.
     pub handed_to_table: u64,
 }
 
@@ -80,17 +80,22 @@ impl CdcConfig {
                 .execute(pool)
                 .await?;
         }
-        // Rows committed before the slot's consistent point are not in its stream. Those
-        // committed after it and seen here too are skipped by the stream (no longer its own).
+        if setup_complete(pool, &self.publication).await? {
+            return Ok(SetupReport { publication_created, slot_created, handed_to_table: 0 });
+        }
+        // Rows committed before the slot's consistent point (or before the publication) are
+        // not in its stream: the table path publishes them. Those committed after it and
+        // handed over too are skipped by the stream (touched: no longer its own). Only then
+        // is the setup marked complete: a relay refuses to stream before, or a fresh row
+        // behind one still to hand over could be sent first.
         let sql = format!(
-            "UPDATE {} SET next_attempt_at = now() WHERE status = 'pending' AND next_attempt_at = '-infinity'",
-            names.outbox
+            "UPDATE {} SET next_attempt_at = now() WHERE status = 'pending' AND NOT {}",
+            names.outbox,
+            crate::migrate::TOUCHED
         );
-        let handed_to_table = if slot_created {
-            sqlx::query(AssertSqlSafe(sql)).execute(pool).await?.rows_affected()
-        } else {
-            0
-        };
+        let handed_to_table = sqlx::query(AssertSqlSafe(sql)).execute(pool).await?.rows_affected();
+        let mark = format!("COMMENT ON PUBLICATION \"{}\" IS '{SETUP_MARK}'", self.publication);
+        sqlx::query(AssertSqlSafe(mark)).execute(pool).await?;
         Ok(SetupReport { publication_created, slot_created, handed_to_table })
     }
 
@@ -123,6 +128,13 @@ impl CdcConfig {
         }
         if !publication_exists(pool, &self.publication).await? {
             return Err(Error::Config(format!("publication {:?} does not exist: {setup}", self.publication)));
+        }
+        if !setup_complete(pool, &self.publication).await? {
+            return Err(Error::Config(format!(
+                "the setup of publication {:?} is not complete (the pending events written before it are not handed \
+                 over yet): {setup}",
+                self.publication
+            )));
         }
         let publishes: Option<bool> = sqlx::query_scalar(
             "SELECT p.pubinsert FROM pg_publication p JOIN pg_publication_tables t ON t.pubname = p.pubname \
@@ -223,6 +235,21 @@ async fn check_wal_level(pool: &PgPool) -> Result<()> {
             "wal_level is {level}, and change data capture needs logical: {WAL_LEVEL_FIX}"
         )))
     }
+}
+
+/// The publication's comment once `setup` handed the events the stream will not carry to
+/// the table path.
+const SETUP_MARK: &str = "outbox cdc: set up (pending events before it handed to the table path)";
+
+async fn setup_complete(pool: &PgPool, publication: &str) -> Result<bool> {
+    let comment: Option<String> = sqlx::query_scalar(
+        "SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1",
+    )
+    .bind(publication)
+    .fetch_optional(pool)
+    .await?
+    .flatten();
+    Ok(comment.as_deref() == Some(SETUP_MARK))
 }
 
 async fn publication_exists(pool: &PgPool, name: &str) -> Result<bool> {

@@ -17,6 +17,9 @@ use crate::relay::claim::Row;
 /// ISO format, as [`decode::rfc3339`] reads them.
 const SESSION_OPTIONS: &str = "-c datestyle=ISO -c timezone=UTC -c extra_float_digits=3";
 
+/// Messages the replication client reads ahead of the reader.
+const CLIENT_BUFFER: usize = 256;
+
 /// The replication connection `config`'s URL describes.
 pub(crate) fn connection(config: &CdcConfig) -> Result<ReplicationConfig> {
     let bad = |why: &str| Error::Config(format!("CdcConfig::new: the replication URL {why}"));
@@ -73,6 +76,9 @@ pub(crate) fn connection(config: &CdcConfig) -> Result<ReplicationConfig> {
     .with_port(url.port().unwrap_or(5432))
     .with_tls(tls)
     .with_status_interval(config.status_interval)
+    // What the client reads ahead of the relay, outside its memory budget: a few hundred
+    // messages, not the client's 8,192 (of events up to 1 GiB each).
+    .with_buffer_size(CLIENT_BUFFER)
     .with_options(SESSION_OPTIONS)
     .with_application_name(application))
 }
@@ -80,8 +86,8 @@ pub(crate) fn connection(config: &CdcConfig) -> Result<ReplicationConfig> {
 /// What the reader hands the publisher, in stream order.
 #[derive(Debug)]
 pub(crate) enum Item {
-    /// A transaction begins.
-    Begin,
+    /// A transaction begins: its id (32 bits, as the stream gives it).
+    Begin(u32),
     /// An event inserted by it, with its share of the memory budget.
     Row(Box<Row>, OwnedSemaphorePermit),
     /// It committed; the position after it.
@@ -114,7 +120,11 @@ pub(crate) fn ended(error: &pgwire_replication::PgWireError, slot: &str) -> Ende
     let text = error.to_string();
     match (sqlstate(error).as_deref(), error) {
         (Some("55006"), _) => Ended::Busy(text),
-        // undefined_object: the slot was dropped.
+        // undefined_object: the publication or the slot was dropped.
+        (Some("42704"), _) if text.contains("publication") => Ended::Fatal(Error::Replication(format!(
+            "the publication of slot {slot:?} no longer exists ({text}): events written since are not streamed. \
+             Run `outbox cdc setup` again (it hands the pending events to the table path), then start the relay"
+        ))),
         (Some("42704"), _) => Ended::Fatal(Error::Replication(format!(
             "replication slot {slot:?} no longer exists ({text}): the relay never creates one itself. Events written \
              since it was dropped are not in any stream: recover them with a backfill (`outbox relay --backfill`), \
@@ -174,7 +184,7 @@ pub(crate) async fn read(
             Err(error) => return Err(ended(&error, slot)),
         };
         let item = match event {
-            ReplicationEvent::Begin { .. } => Item::Begin,
+            ReplicationEvent::Begin { xid, .. } => Item::Begin(xid),
             ReplicationEvent::Commit { end_lsn, .. } => Item::Commit(end_lsn.0),
             ReplicationEvent::KeepAlive { wal_end, .. } => Item::Position(wal_end.0),
             // Non-transactional logical messages (heartbeats) are past everything before them.

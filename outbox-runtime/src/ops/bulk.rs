@@ -21,9 +21,7 @@ impl Ops {
         actor: &str,
         dry_run: bool,
     ) -> Result<ActionReport> {
-        // Due now, and with a next_attempt_at: the change-data-capture relay's table path
-        // publishes it (its stream carries inserts only).
-        let set = "status = 'pending', next_attempt_at = now()";
+        let set = "status = 'pending', next_attempt_at = '-infinity'";
         self.act(pool, filter, actor, dry_run, "retry", None, set).await.map_err(|e| self.not_migrated(e))
     }
 

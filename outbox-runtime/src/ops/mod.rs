@@ -369,9 +369,7 @@ impl Ops {
 
     async fn retry_unchecked(&self, pool: &PgPool, target: &RetryTarget) -> Result<u64> {
         let t = &self.names().outbox;
-        // Due now, and with a next_attempt_at: the change-data-capture relay's table path
-        // publishes it (its stream carries inserts only).
-        let set = "status = 'pending', next_attempt_at = now()";
+        let set = "status = 'pending', next_attempt_at = '-infinity'";
         let query = match target {
             RetryTarget::Event(id) => sqlx::query(AssertSqlSafe(format!(
                 "UPDATE {t} SET {set} WHERE status = 'failed' AND event_id = $1"

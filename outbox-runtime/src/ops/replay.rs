@@ -126,7 +126,7 @@ impl Ops {
                SELECT id FROM {t} WHERE status = 'published' AND id > $5 AND id <= $6 \
                  AND published_at <= to_timestamp($7) AND {FILTER} ORDER BY id LIMIT $8), \
              done AS ( \
-               UPDATE {t} SET status = 'pending', next_attempt_at = now(), last_error = NULL \
+               UPDATE {t} SET status = 'pending', next_attempt_at = '-infinity', last_error = NULL \
                WHERE id IN (SELECT id FROM page) AND status = 'published' RETURNING 1) \
              SELECT (SELECT max(id) FROM page), (SELECT count(*) FROM done)"
         );

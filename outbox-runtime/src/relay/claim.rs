@@ -91,12 +91,12 @@ impl Statements {
         Self::with_scope(names, "")
     }
 
-    /// The change-data-capture relay's table path: only rows with a `next_attempt_at`
-    /// (handed over by the stream, waiting for a retry, or put up again by an operator); a
-    /// fresh row (`-infinity`) is the stream's.
+    /// The change-data-capture relay's table path: only rows something touched since
+    /// their append ([`crate::migrate::TOUCHED`]: handed over by the stream, waiting for a
+    /// retry, put up again by an operator); a fresh row is the stream's.
     #[cfg(feature = "cdc")]
     pub(crate) fn table_path(names: &Names) -> Self {
-        Self::with_scope(names, "AND o.next_attempt_at > '-infinity' ")
+        Self::with_scope(names, &format!("AND {} ", crate::migrate::TOUCHED))
     }
 
     fn with_scope(names: &Names, scope: &str) -> Self {

@@ -7,6 +7,7 @@
 
 mod append;
 mod broker;
+mod cdc;
 mod claim;
 mod inbox;
 mod notify;
@@ -28,6 +29,7 @@ use sqlx::PgPool;
 
 use self::append::append_overhead;
 use self::broker::{broker, mock_broker, start_tansu, Tansu};
+use self::cdc::cdc_throughput;
 use self::claim::claim_backlog;
 use self::inbox::inbox_throughput;
 use self::notify::notify_latency;
@@ -41,7 +43,7 @@ pub(crate) struct BenchArgs {
     /// Also write the figures as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Run only these parts (append, relay, inbox, claim, notify), e.g. to profile one.
+    /// Run only these parts (append, relay, inbox, claim, cdc, notify), e.g. to profile one.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Run in this build even if it is a debug build (by default a debug build re-runs
@@ -176,6 +178,13 @@ const RATIOS: &[(&str, &str, f64, bool)] = &[
     ("notify_latency_vs_poll", "p99 created->published at 500/s / 1 s poll", 0.02, false),
     ("inbox_vs_raw", "inbox applies/s / raw consumer inserts/s, one per transaction", f64::NAN, true),
     ("inbox_vs_raw_batched", "the same, up to 100 per transaction", 0.7, true),
+    (
+        "cdc_vs_raw_producer",
+        "change-data-capture relay events/s / raw producer msgs/s (mock cluster)",
+        0.8,
+        true,
+    ),
+    ("cdc_db_cost", "WAL bytes per event drained, change data capture / polling relay", f64::NAN, false),
 ];
 
 async fn bench(args: &BenchArgs, tansu: Option<&Tansu>) -> Result<(), Failure> {
@@ -219,6 +228,10 @@ async fn bench(args: &BenchArgs, tansu: Option<&Tansu>) -> Result<(), Failure> {
     if run("claim") {
         claim_backlog(&pool, sizes, &mut figures).await?;
         progress("claim backlog", started);
+    }
+    if run("cdc") {
+        cdc_throughput(&pool, &url, &outbox, sizes, &mut figures).await?;
+        progress("change data capture", started);
     }
     if run("notify") {
         notify_latency(&pool, &outbox, &broker, sizes, &mut figures).await?;

@@ -176,6 +176,10 @@ pub(crate) async fn relay(
 ) -> Result<ExitCode, Fail> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = match outbox_runtime::cdc::QUIET_CLIENT_LOG.parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    };
     // Colour only on a terminal: a log file or a collector gets no escape codes.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -16,14 +16,16 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, warn};
 use uuid::Uuid;
 
+mod judge;
+
+use self::judge::retried;
 use super::marks::{Settled, State, Statements};
 use super::progress::Progress;
 use super::stream::{Ended, Item};
-use crate::backoff;
 use crate::relay::batch::Sender;
 use crate::relay::claim::{Placement, Row};
 use crate::relay::publish::{self, Sent};
-use crate::relay::topics::{Topics, MISSING_CODE};
+use crate::relay::topics::Topics;
 use crate::relay::{RelayConfig, RelayStats};
 use crate::table::Names;
 
@@ -41,6 +43,8 @@ type Key = (String, String);
 #[derive(Debug)]
 struct Meta {
     seq: u64,
+    /// Its transaction's id.
+    xid: u32,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -68,8 +72,9 @@ pub(crate) struct Publisher {
     stats: Arc<RelayStats>,
     id: Uuid,
     progress: Progress,
-    /// The transaction being received.
+    /// The transaction being received, and its id.
     open: u64,
+    open_xid: u32,
     waiting: HashMap<Key, Waiting>,
     /// The last batch's published mark, written while the next batch is sent: the
     /// transactions of its rows.
@@ -96,6 +101,7 @@ impl Publisher {
             id: Uuid::new_v4(),
             progress: Progress::default(),
             open: 0,
+            open_xid: 0,
             waiting: HashMap::new(),
             marking: None,
             transient_warned: None,
@@ -139,10 +145,13 @@ impl Publisher {
 
     fn take(&mut self, item: Item, fresh: &mut Vec<(Row, Meta)>) {
         match item {
-            Item::Begin => self.open = self.progress.begin(),
+            Item::Begin(xid) => {
+                self.open = self.progress.begin();
+                self.open_xid = xid;
+            }
             Item::Row(row, permit) => {
                 self.progress.row(self.open);
-                fresh.push((*row, Meta { seq: self.open, _permit: permit }));
+                fresh.push((*row, Meta { seq: self.open, xid: self.open_xid, _permit: permit }));
             }
             Item::Commit(end) => self.progress.commit(self.open, end),
             Item::Position(lsn) => self.progress.position(lsn),
@@ -161,6 +170,10 @@ impl Publisher {
         let limit = self.config.batch_size as usize;
         let mut fresh = Vec::new();
         loop {
+            if stop.is_cancelled() {
+                // Nothing new is sent once stopping: what was not sent is not confirmed.
+                return Ok(None);
+            }
             while fresh.len() < limit {
                 match items.try_recv() {
                     Ok(item) => self.take(item, &mut fresh),
@@ -218,17 +231,7 @@ impl Publisher {
     async fn batch(&mut self, fresh: Vec<(Row, Meta)>) -> std::result::Result<(), Ended> {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
-        let ids: Vec<i64> = fresh.iter().map(|(row, _)| row.id).collect();
-        let states: HashMap<i64, State> = if ids.is_empty() {
-            HashMap::new()
-        } else {
-            let sql = self.sql.clone();
-            let pool = self.pool.clone();
-            retried("reading the streamed events' state", || sql.states(&pool, &ids))
-                .await?
-                .into_iter()
-                .collect()
-        };
+        let states = self.states(&fresh).await?;
         let mut chains: Vec<Chain> = Vec::new();
         let mut index: HashMap<Key, usize> = HashMap::new();
         let now = tokio::time::Instant::now();
@@ -252,6 +255,17 @@ impl Publisher {
                        stage = "stream", "no longer the stream's (published, handed over or deleted since): skipped");
                 done_now.push(meta.seq);
                 continue;
+            }
+            if state == State::Blocked {
+                if let Some(waiting) = self.waiting.remove(&key) {
+                    // An earlier event of the aggregate was put up again (a replay, a retry)
+                    // while these wait in memory: they all go behind it, through the table.
+                    for (row, meta) in waiting.rows {
+                        settled.handed.push(row.id);
+                        done_now.push(meta.seq);
+                    }
+                    handing.insert(key.clone(), true);
+                }
             }
             if let Some(waiting) = self.waiting.get_mut(&key) {
                 waiting.rows.push_back((row, meta));
@@ -346,126 +360,36 @@ impl Publisher {
         Ok(())
     }
 
-    /// Records one chain's outcome: the acknowledged prefix to mark published; the first
-    /// row not acknowledged and the rest of the chain back in memory for a retry, or
-    /// failed and handed over behind it.
-    fn judge(
-        &mut self,
-        chain: Chain,
-        sent: Vec<Sent>,
-        published: &mut Vec<(i64, Placement, i32, u64)>,
-        settled: &mut Settled,
-        done_now: &mut Vec<u64>,
-    ) {
-        let mut rows = chain.rows.into_iter().zip(chain.meta);
-        let mut sent = sent.into_iter();
-        let (mut row, meta, outcome) = loop {
-            let Some((row, meta)) = rows.next() else { return };
-            match sent.next() {
-                Some(Sent::Acked(placement)) => {
-                    published.push((row.id, placement, row.attempts + 1, meta.seq))
-                }
-                Some(outcome) => break (row, meta, outcome),
-                // Never expected (a chain's outcomes end at its first row not acknowledged):
-                // sent again, not lost.
-                None => {
-                    break (
-                        row,
-                        meta,
-                        Sent::Transient { reason: "not sent".to_owned(), code: "unsent".to_owned() },
-                    )
-                }
+    /// The table's state of the fresh rows. A row the table does not show is deleted, or
+    /// its transaction, committed in the WAL, is not visible yet: never taken for gone
+    /// before its transaction has ended (it would be skipped, and the commit confirmed).
+    async fn states(&self, fresh: &[(Row, Meta)]) -> std::result::Result<HashMap<i64, State>, Ended> {
+        let mut states = HashMap::with_capacity(fresh.len());
+        let mut rows: Vec<(i64, &str, &str, u32)> = fresh
+            .iter()
+            .map(|(row, meta)| (row.id, row.aggregate_type.as_str(), row.aggregate_id.as_str(), meta.xid))
+            .collect();
+        let mut waited = Instant::now();
+        let mut round: u32 = 0;
+        while !rows.is_empty() {
+            let (sql, pool) = (self.sql.clone(), self.pool.clone());
+            let found = retried("reading the streamed events' state", || sql.states(&pool, &rows)).await?;
+            states.extend(found.known);
+            if found.invisible.is_empty() {
+                break;
             }
-        };
-        let attempt = row.attempts + 1;
-        let (retry_in, failed) = match outcome {
-            // Not reached: the loop above takes every acknowledgement.
-            Sent::Acked(_) => (Duration::ZERO, None),
-            Sent::Held { reason, retry_in } => {
-                metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "held", "code" => MISSING_CODE)
-                    .increment(1);
-                debug!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
-                       attempt = row.attempts, stage = "publish", %reason, retry_in = ?retry_in, "held back: topic missing");
-                (retry_in, None)
+            rows.retain(|r| found.invisible.contains(&r.0));
+            round += 1;
+            if waited.elapsed() >= TRANSIENT_WARN_EVERY {
+                waited = Instant::now();
+                warn!(stage = "stream", rows = rows.len(), transaction = rows[0].3,
+                      "streamed transactions are committed but not visible yet (waiting for synchronous standbys?); waiting");
             }
-            Sent::Transient { reason, .. }
-                if self.config.max_attempts.is_some_and(|max| attempt.unsigned_abs() >= max) =>
-            {
-                warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
-                      attempt, stage = "publish", %reason, "event failed: attempts exhausted");
-                metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "exhausted", "code" => "max_attempts").increment(1);
-                (Duration::ZERO, Some(format!("gave up after {attempt} attempts: {reason}")))
-            }
-            Sent::Transient { reason, code } => {
-                if matches!(code.as_str(), "UnknownTopic" | "UnknownTopicOrPartition" | "UnknownPartition") {
-                    self.topics.suspect(&row.topic);
-                }
-                metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "transient", "code" => code)
-                    .increment(1);
-                self.stats.retried.fetch_add(1, Ordering::Relaxed);
-                row.attempts = attempt;
-                let delay =
-                    backoff::delay(self.config.backoff_base, self.config.backoff_max, attempt.unsigned_abs());
-                if self.transient_warned.is_none_or(|t| t.elapsed() >= TRANSIENT_WARN_EVERY) {
-                    self.transient_warned = Some(Instant::now());
-                    warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
-                          attempt, stage = "publish", topic = %row.topic, %reason, retry_in = ?delay,
-                          suppressed = std::mem::take(&mut self.transient_suppressed),
-                          "transient publish failure; retrying, the slot's position waits (one warning every 10 s)");
-                } else {
-                    self.transient_suppressed += 1;
-                    debug!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
-                           attempt, stage = "publish", %reason, retry_in = ?delay, "transient publish failure");
-                }
-                (delay, None)
-            }
-            Sent::Permanent { reason, code } => {
-                metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "permanent", "code" => code)
-                    .increment(1);
-                warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
-                      attempt, stage = "publish", %reason, "event failed permanently; its aggregate is held back");
-                (Duration::ZERO, Some(reason))
-            }
-        };
-        match failed {
-            Some(reason) => {
-                settled.failed.push((row.id, attempt, reason));
-                done_now.push(meta.seq);
-                for (row, meta) in rows {
-                    settled.handed.push(row.id);
-                    done_now.push(meta.seq);
-                }
-            }
-            None => {
-                let mut queue = VecDeque::from([(row, meta)]);
-                queue.extend(rows);
-                self.waiting
-                    .insert(chain.key, Waiting { due: tokio::time::Instant::now() + retry_in, rows: queue });
-            }
+            tokio::time::sleep(Duration::from_millis(u64::from(round.min(100)) * 2)).await;
         }
+        Ok(states)
     }
 }
 
-/// Runs `write` until it succeeds, at most [`WRITE_ATTEMPTS`] times with backoff, each
-/// failure logged; then the session ends.
-async fn retried<T, F, Fut>(what: &str, mut write: F) -> std::result::Result<T, Ended>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = crate::Result<T>>,
-{
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        match write().await {
-            Ok(value) => return Ok(value),
-            Err(error) if attempt >= WRITE_ATTEMPTS => {
-                return Err(Ended::Transient(format!("{what} failed {attempt} times, last: {error}")))
-            }
-            Err(error) => {
-                let delay = backoff::delay(Duration::from_millis(100), Duration::from_secs(5), attempt);
-                warn!(stage = "mark", attempt, retry_in = ?delay, %error, "{what} failed; trying again");
-                tokio::time::sleep(delay).await;
-            }
-        }
-    }
-}
+#[cfg(test)]
+mod tests;
