@@ -149,3 +149,10 @@ pub fn first_versions(records: &[Record], key: &str) -> Vec<i64> {
         .map(|r| r.headers["ce_aggregateversion"].parse().expect("a version"))
         .collect()
 }
+
+/// The records of `records` that carry one of the events `ids`: a broker process keeps
+/// other tests' and runs' records on the same topics.
+pub fn ours(records: Vec<Record>, ids: &[uuid::Uuid]) -> Vec<Record> {
+    let ids: HashSet<String> = ids.iter().map(uuid::Uuid::to_string).collect();
+    records.into_iter().filter(|r| r.headers.get("ce_id").is_some_and(|id| ids.contains(id))).collect()
+}
