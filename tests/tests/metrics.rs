@@ -105,9 +105,14 @@ async fn gauges_match_a_known_state_and_the_relay_counts_what_it_publishes(pool:
     assert_eq!(metrics["outbox_modified_since_analyze"], [gauges.modified_since_analyze as f64]);
     assert_eq!((gauges.pending, gauges.retrying, gauges.failed), (3, 0, 0));
 
+    // A topic of this test's own: a broker process (KAFKA_BROKERS) keeps the records other
+    // tests wrote to the steps' topic, and the consumer below would count them too (it did,
+    // once the change-data-capture tests ran before it).
+    let topic = format!("outbox-test-metrics-{}", uuid::Uuid::new_v4().simple());
     let kafka = Kafka::start();
-    kafka.create_topic("outbox-test-steps", 1).await;
+    kafka.create_topic(&topic, 1).await;
     append(&pool, &format!("metrics-{}", uuid::Uuid::new_v4()), 4).await;
+    sqlx::query("UPDATE outbox SET topic = $1").bind(&topic).execute(&pool).await.expect("topic");
     let relay = Relay::new(
         pool.clone(),
         outbox,
@@ -140,7 +145,7 @@ async fn gauges_match_a_known_state_and_the_relay_counts_what_it_publishes(pool:
     // A consumer reads the 7 events: its lag per partition reaches 0 once it has committed.
     let inbox = outbox_runtime::inbox::Inbox::new(
         pool.clone(),
-        outbox_runtime::inbox::InboxConfig::new("metrics", kafka.bootstrap(), ["outbox-test-steps"])
+        outbox_runtime::inbox::InboxConfig::new("metrics", kafka.bootstrap(), [topic.as_str()])
             .commit_interval(Duration::from_millis(100)),
         outbox_runtime::inbox::Handlers::new().ignore("test.step"),
     )
@@ -153,7 +158,8 @@ async fn gauges_match_a_known_state_and_the_relay_counts_what_it_publishes(pool:
     // Taken before the lag is polled: a snapshot drains the counters.
     let metrics = snapshot();
     assert_eq!(metrics["inbox_messages_total{consumer=metrics,outcome=ignored}"], [7.0]);
-    let lag = "inbox_consumer_lag{consumer=metrics,topic=outbox-test-steps,partition=0}";
+    let lag = format!("inbox_consumer_lag{{consumer=metrics,topic={topic},partition=0}}");
+    let lag = lag.as_str();
     let mut last = None;
     let caught_up = eventually(Duration::from_secs(30), || {
         let values = snapshot().get(lag).cloned();
