@@ -9,6 +9,7 @@
 //! | `OUTBOX_POLL_MS` | poll interval when no NOTIFY arrives | `RelayConfig`'s (1 s) |
 //! | `OUTBOX_LEASE_TTL_MS` | work partition lease | `RelayConfig`'s (30 s) |
 //! | `OUTBOX_MESSAGE_TIMEOUT_MS` | how long a batch's records may wait to be acknowledged | `RelayConfig`'s (10 s) |
+//! | `OUTBOX_CLAIM_MODE` | `lease` or `hold-locks` (`ClaimMode`: hold each batch's transaction and locks across the send) | `lease` |
 //! | `OUTBOX_CDC_SLOT` | stream from this replication slot and publication (the change-data-capture relay; `outbox cdc setup --slot S --publication S` first) instead of polling | off |
 //! | `OUTBOX_CDC_TAKEOVER_MS` | how often a standby tries to take the slot over | `CdcConfig`'s (2 s) |
 //! | `OUTBOX_METRICS_ADDR` | serve Prometheus metrics here (e.g. `127.0.0.1:9187`) | off |
@@ -20,7 +21,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use outbox_runtime::cdc::{CdcConfig, CdcRelay};
-use outbox_runtime::relay::{Relay, RelayConfig};
+use outbox_runtime::relay::{ClaimMode, Relay, RelayConfig};
 use outbox_runtime::Outbox;
 use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
@@ -56,6 +57,11 @@ fn config() -> Result<(String, RelayConfig), String> {
     }
     if let Some(ms) = env_number("OUTBOX_MESSAGE_TIMEOUT_MS")? {
         config = config.message_timeout(Duration::from_millis(ms));
+    }
+    match std::env::var("OUTBOX_CLAIM_MODE").as_deref() {
+        Err(_) | Ok("lease") => {}
+        Ok("hold-locks") => config = config.claim_mode(ClaimMode::HoldLocks),
+        Ok(other) => return Err(format!("OUTBOX_CLAIM_MODE={other:?} is not lease or hold-locks")),
     }
     Ok((database, config))
 }

@@ -12,7 +12,7 @@ use sqlx::PgPool;
 use tracing::{debug, info_span, warn, Instrument};
 use uuid::Uuid;
 
-use super::claim::{Fence, Marks, Placement, Row, Statements};
+use super::claim::{Fence, Marked, Marks, Placement, Row, Statements};
 use super::publish::{self, Sent};
 use super::topics::{Verdict, MISSING_CODE};
 use super::{Relay, RelayStats};
@@ -35,77 +35,7 @@ impl Relay {
         let span = info_span!("relay_batch", relay_id = %self.id(), rows = rows.len());
         async {
             let started = Instant::now();
-            self.stats.batches.fetch_add(1, Ordering::Relaxed);
-            self.topics
-                .check(&self.producer, rows.iter().map(|r| r.topic.as_str()), self.config.message_timeout / 2)
-                .await;
-            metrics::gauge!(crate::metrics::MISSING_TOPICS).set(self.topics.missing() as f64);
-            let chains = chains(rows);
-            let deadline = tokio::time::Instant::now() + self.config.message_timeout;
-            let purged = AtomicBool::new(false);
-            let sender = self.sender();
-            let leases = &self.leases;
-            let results = join_all(chains.iter().map(|chain| {
-                sender.chain(chain, |row| leases.is_valid(row.work_partition, margin), deadline, &purged)
-            }))
-            .await;
-
-            let mut outcome = BatchOutcome::default();
-            let mut marks = Marks::default();
-            for (row, sent) in results.into_iter().flatten() {
-                outcome.rows += 1;
-                let attempt = row.attempts + 1;
-                match sent {
-                    Sent::Acked(placement) => {
-                        outcome.acked += 1;
-                        marks.published.push((row.id, placement));
-                    }
-                    Sent::Transient { reason, .. } if self.config.max_attempts.is_some_and(|max| attempt.unsigned_abs() >= max) => {
-                        warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
-                              attempt, stage = "publish", %reason, "event failed: attempts exhausted");
-                        metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "exhausted", "code" => "max_attempts").increment(1);
-                        marks.failed.push((row.id, format!("gave up after {attempt} attempts: {reason}")));
-                    }
-                    Sent::Held { reason, retry_in } => {
-                        // Not sent, so not an attempt: attempts stay, max_attempts does not
-                        // count it, and the batch-wide backoff for a failing broker neither.
-                        metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "held", "code" => MISSING_CODE).increment(1);
-                        debug!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
-                               attempt = row.attempts, stage = "publish", %reason, retry_in = ?retry_in, "held back: topic missing");
-                        marks.retry.push((row.id, retry_in, reason, false));
-                    }
-                    Sent::Transient { reason, code } => {
-                        outcome.transient += 1;
-                        if matches!(code.as_str(), "UnknownTopic" | "UnknownTopicOrPartition" | "UnknownPartition") {
-                            // The topic may have been deleted: ask the cluster before the next batch.
-                            self.topics.suspect(&row.topic);
-                        }
-                        metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "transient", "code" => code).increment(1);
-                        let delay = backoff::delay(self.config.backoff_base, self.config.backoff_max, attempt.unsigned_abs());
-                        // The error alone ("Message timed out") does not say where: name the topic.
-                        let named = format!("topic {}", row.topic);
-                        let reason = if reason.contains(&named) { reason } else { format!("{reason} ({named})") };
-                        if self.transient_warned.is_none_or(|t| t.elapsed() >= TRANSIENT_WARN_EVERY) {
-                            self.transient_warned = Some(Instant::now());
-                            warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
-                                  attempt, stage = "publish", %reason, retry_in = ?delay,
-                                  suppressed = std::mem::take(&mut self.transient_suppressed),
-                                  "transient publish failure; retrying (one warning every 10 s)");
-                        } else {
-                            self.transient_suppressed += 1;
-                            debug!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
-                                   attempt, stage = "publish", %reason, retry_in = ?delay, "transient publish failure");
-                        }
-                        marks.retry.push((row.id, delay, reason, true));
-                    }
-                    Sent::Permanent { reason, code } => {
-                        metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "permanent", "code" => code).increment(1);
-                        warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
-                              attempt, stage = "publish", %reason, "event failed permanently; its aggregate is held back");
-                        marks.failed.push((row.id, reason));
-                    }
-                }
-            }
+            let (outcome, marks) = self.send(rows, Some(margin)).await;
             let (partitions, tokens) = self.leases.fence();
             let fence = Fence { relay_id: self.id(), partitions, tokens };
             // The previous batch's mark goes first: marks are written in batch order.
@@ -122,25 +52,127 @@ impl Relay {
                 // mark, so the next batch is claimed (without these rows) and sent while it
                 // is written. A crash before it commits republishes them: duplicates only.
                 let ids = marks.published.iter().map(|(id, _)| *id).collect();
-                let task = self.tasks.spawn(async move { recorder.record(&marks, &fence).await }.in_current_span());
+                let task =
+                    self.tasks.spawn(async move { recorder.record(&marks, &fence).await }.in_current_span());
                 self.marking = Some((ids, task));
             } else {
                 // A retry or failure mark must be written before the next claim: it is what
                 // holds the aggregate's later events back.
                 recorder.record(&marks, &fence).await;
             }
-            if let Some(reason) = publish::fatal(&self.producer) {
-                warn!(relay_id = %self.id(), stage = "publish", %reason, "producer fatal error; creating a new producer");
-                match publish::producer(&self.config.brokers, self.config.message_timeout, &self.config.producer) {
-                    Ok(producer) => self.producer = producer,
-                    Err(error) => warn!(relay_id = %self.id(), %error, "cannot create a producer"),
-                }
-            }
+            self.renew_producer_if_fatal();
             metrics::histogram!(crate::metrics::BATCH_SECONDS).record(started.elapsed().as_secs_f64());
             outcome
         }
         .instrument(span)
         .await
+    }
+
+    /// Replaces a producer that hit a fatal error (an idempotence sequence broken beyond
+    /// repair) before the next batch.
+    pub(super) fn renew_producer_if_fatal(&mut self) {
+        if let Some(reason) = publish::fatal(&self.producer) {
+            warn!(relay_id = %self.id(), stage = "publish", %reason, "producer fatal error; creating a new producer");
+            match publish::producer(&self.config.brokers, self.config.message_timeout, &self.config.producer)
+            {
+                Ok(producer) => self.producer = producer,
+                Err(error) => warn!(relay_id = %self.id(), %error, "cannot create a producer"),
+            }
+        }
+    }
+
+    /// Sends a batch's chains and judges every row's outcome into the marks that record it.
+    /// With a `margin`, a row is sent only while its partition's lease has that long left;
+    /// without, the caller holds the partitions' locks for the whole send.
+    pub(super) async fn send(&mut self, rows: Vec<Row>, margin: Option<Duration>) -> (BatchOutcome, Marks) {
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.topics
+            .check(&self.producer, rows.iter().map(|r| r.topic.as_str()), self.config.message_timeout / 2)
+            .await;
+        metrics::gauge!(crate::metrics::MISSING_TOPICS).set(self.topics.missing() as f64);
+        let chains = chains(rows);
+        let deadline = tokio::time::Instant::now() + self.config.message_timeout;
+        let purged = AtomicBool::new(false);
+        let sender = self.sender();
+        let leases = &self.leases;
+        let results = join_all(chains.iter().map(|chain| {
+            sender.chain(
+                chain,
+                |row| margin.is_none_or(|margin| leases.is_valid(row.work_partition, margin)),
+                deadline,
+                &purged,
+            )
+        }))
+        .await;
+
+        let mut outcome = BatchOutcome::default();
+        let mut marks = Marks::default();
+        for (row, sent) in results.into_iter().flatten() {
+            outcome.rows += 1;
+            let attempt = row.attempts + 1;
+            match sent {
+                Sent::Acked(placement) => {
+                    outcome.acked += 1;
+                    marks.published.push((row.id, placement));
+                }
+                Sent::Transient { reason, .. }
+                    if self.config.max_attempts.is_some_and(|max| attempt.unsigned_abs() >= max) =>
+                {
+                    warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
+                              attempt, stage = "publish", %reason, "event failed: attempts exhausted");
+                    metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "exhausted", "code" => "max_attempts").increment(1);
+                    marks.failed.push((row.id, format!("gave up after {attempt} attempts: {reason}")));
+                }
+                Sent::Held { reason, retry_in } => {
+                    // Not sent, so not an attempt: attempts stay, max_attempts does not
+                    // count it, and the batch-wide backoff for a failing broker neither.
+                    metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "held", "code" => MISSING_CODE).increment(1);
+                    debug!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
+                               attempt = row.attempts, stage = "publish", %reason, retry_in = ?retry_in, "held back: topic missing");
+                    marks.retry.push((row.id, retry_in, reason, false));
+                }
+                Sent::Transient { reason, code } => {
+                    outcome.transient += 1;
+                    if matches!(
+                        code.as_str(),
+                        "UnknownTopic" | "UnknownTopicOrPartition" | "UnknownPartition"
+                    ) {
+                        // The topic may have been deleted: ask the cluster before the next batch.
+                        self.topics.suspect(&row.topic);
+                    }
+                    metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "transient", "code" => code)
+                        .increment(1);
+                    let delay = backoff::delay(
+                        self.config.backoff_base,
+                        self.config.backoff_max,
+                        attempt.unsigned_abs(),
+                    );
+                    // The error alone ("Message timed out") does not say where: name the topic.
+                    let named = format!("topic {}", row.topic);
+                    let reason = if reason.contains(&named) { reason } else { format!("{reason} ({named})") };
+                    if self.transient_warned.is_none_or(|t| t.elapsed() >= TRANSIENT_WARN_EVERY) {
+                        self.transient_warned = Some(Instant::now());
+                        warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
+                                  attempt, stage = "publish", %reason, retry_in = ?delay,
+                                  suppressed = std::mem::take(&mut self.transient_suppressed),
+                                  "transient publish failure; retrying (one warning every 10 s)");
+                    } else {
+                        self.transient_suppressed += 1;
+                        debug!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
+                                   attempt, stage = "publish", %reason, retry_in = ?delay, "transient publish failure");
+                    }
+                    marks.retry.push((row.id, delay, reason, true));
+                }
+                Sent::Permanent { reason, code } => {
+                    metrics::counter!(crate::metrics::PUBLISH_ERRORS, "kind" => "permanent", "code" => code)
+                        .increment(1);
+                    warn!(event_id = %row.event_id, aggregate_id = %row.aggregate_id, r#type = %row.event_type,
+                              attempt, stage = "publish", %reason, "event failed permanently; its aggregate is held back");
+                    marks.failed.push((row.id, reason));
+                }
+            }
+        }
+        (outcome, marks)
     }
 
     /// Waits until the last batch's background mark is written.
@@ -323,18 +355,7 @@ impl Recorder {
         match self.sql.mark(&self.pool, marks, fence).await {
             Ok(marked) => {
                 self.failures.store(0, Ordering::Relaxed);
-                metrics::counter!(crate::metrics::PUBLISHED).increment(marked.published);
-                self.stats.published.fetch_add(marked.published, Ordering::Relaxed);
-                self.stats.retried.fetch_add(marked.retry, Ordering::Relaxed);
-                self.stats.failed.fetch_add(marked.failed, Ordering::Relaxed);
-                let asked = (marks.published.len() + marks.retry.len() + marks.failed.len()) as u64;
-                let done = marked.published + marked.retry + marked.failed;
-                if done < asked {
-                    self.stats.fenced.fetch_add(asked - done, Ordering::Relaxed);
-                    metrics::counter!(crate::metrics::FENCED).increment(asked - done);
-                    warn!(relay_id = %self.relay_id, stage = "mark", unmarked = asked - done,
-                          "rows not marked: their partition's lease passed to another relay, which publishes them again");
-                }
+                account(&self.stats, self.relay_id, marks, marked);
             }
             Err(error) => {
                 // Published but unmarked rows are published again later: a duplicate, never a loss.
@@ -343,6 +364,22 @@ impl Recorder {
                       "marking the batch failed; its rows will be published again after a backoff");
             }
         }
+    }
+}
+
+/// Counts a written mark; rows asked for and not marked had lost their lease on the way.
+pub(super) fn account(stats: &RelayStats, relay_id: Uuid, marks: &Marks, marked: Marked) {
+    metrics::counter!(crate::metrics::PUBLISHED).increment(marked.published);
+    stats.published.fetch_add(marked.published, Ordering::Relaxed);
+    stats.retried.fetch_add(marked.retry, Ordering::Relaxed);
+    stats.failed.fetch_add(marked.failed, Ordering::Relaxed);
+    let asked = (marks.published.len() + marks.retry.len() + marks.failed.len()) as u64;
+    let done = marked.published + marked.retry + marked.failed;
+    if done < asked {
+        stats.fenced.fetch_add(asked - done, Ordering::Relaxed);
+        metrics::counter!(crate::metrics::FENCED).increment(asked - done);
+        warn!(relay_id = %relay_id, stage = "mark", unmarked = asked - done,
+              "rows not marked: their partition's lease passed to another relay, which publishes them again");
     }
 }
 

@@ -62,6 +62,14 @@ pub(crate) struct Statements {
     /// Whether the claim walks the pending index (the whole outbox) in id order under
     /// [`CLAIM_PLAN`]; the table path's claim reads the small `blocked` index instead.
     whole: bool,
+    /// The claim of the relay that holds locks across the send: the same rows, locked
+    /// `FOR UPDATE` until its transaction ends (an operator's `retry` or `discard` of one
+    /// waits for the send).
+    claim_locked: SqlStr,
+    /// Free work partitions (no live lease), at most the relay's share, locked
+    /// `FOR UPDATE SKIP LOCKED` for the transaction of the relay that holds locks: relays of
+    /// either model never publish one partition at once.
+    lock_partitions: SqlStr,
     fence: SqlStr,
     published: SqlStr,
     retry: SqlStr,
@@ -84,7 +92,7 @@ const CLAIM_PLAN: &str = "SELECT set_config('enable_seqscan', 'off', true), \
 /// subquery, for every mark: 750 ms instead of 50 ms for 2,000 of 100,000 pending rows.
 pub(crate) const MARK_PLAN: &str = "SELECT set_config('enable_seqscan', 'off', true), \
      set_config('enable_bitmapscan', 'off', true), set_config('enable_nestloop', 'off', true), \
-     set_config('enable_mergejoin', 'off', true)";
+     set_config('enable_mergejoin', 'off', true), set_config('enable_hashjoin', 'on', true)";
 
 impl Statements {
     pub(crate) fn new(names: &Names) -> Self {
@@ -101,14 +109,12 @@ impl Statements {
 
     fn with_scope(names: &Names, scope: &str) -> Self {
         let (outbox, leases) = (&names.outbox, &names.leases);
-        Statements {
-            whole: scope.is_empty(),
-            // Due pending rows of held partitions, oldest first, skipping every aggregate
-            // whose earlier event is failed or waiting for its retry: per-aggregate order.
-            // An earlier due row has a lower id, so it is in the batch whenever a later one is.
-            // The first blocker condition is the predicate of the `blocked` index, which
-            // keeps the check O(blocked rows) whatever the backlog.
-            claim: sql(format!(
+        // Due pending rows of held partitions, oldest first, skipping every aggregate
+        // whose earlier event is failed or waiting for its retry: per-aggregate order.
+        // An earlier due row has a lower id, so it is in the batch whenever a later one is.
+        // The first blocker condition is the predicate of the `blocked` index, which
+        // keeps the check O(blocked rows) whatever the backlog.
+        let claim = format!(
                 "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version, \
                         o.event_type, o.schema_version, o.topic, o.payload::text AS payload, \
                         o.headers::text AS headers, \
@@ -124,6 +130,14 @@ impl Statements {
                        AND (p.status = 'failed' OR (p.status = 'pending' AND p.next_attempt_at > '-infinity')) \
                        AND (p.status = 'failed' OR p.next_attempt_at > now())) \
                  ORDER BY o.id LIMIT $2"
+            );
+        Statements {
+            whole: scope.is_empty(),
+            claim_locked: sql(format!("{claim} FOR UPDATE OF o")),
+            claim: sql(claim),
+            lock_partitions: sql(format!(
+                "SELECT work_partition FROM {leases} WHERE owner IS NULL OR expires_at <= now() \
+                 ORDER BY random() LIMIT $1 FOR UPDATE SKIP LOCKED"
             )),
             // The partitions this relay still holds with the same token, their lease rows
             // locked `FOR SHARE` until the marks commit: a takeover (an `UPDATE` of such a
@@ -179,6 +193,33 @@ impl Statements {
         Ok(rows)
     }
 
+    /// In `tx`, the relay that holds locks across the send: locks up to `share` free work
+    /// partitions, chosen at random, and then the due rows of those, at most `limit`; the
+    /// locks last until `tx` ends. Returns the partitions and the rows (none when no
+    /// partition is free).
+    pub(crate) async fn claim_locked(
+        &self,
+        tx: &mut PgConnection,
+        share: usize,
+        limit: i64,
+    ) -> Result<(Vec<i32>, Vec<Row>)> {
+        let partitions: Vec<i32> = sqlx::query_scalar(self.lock_partitions.clone())
+            .bind(i64::try_from(share).unwrap_or(i64::MAX))
+            .fetch_all(&mut *tx)
+            .await?;
+        if partitions.is_empty() {
+            return Ok((partitions, Vec::new()));
+        }
+        sqlx::query(CLAIM_PLAN).execute(&mut *tx).await?;
+        let rows = sqlx::query_as(self.claim_locked.clone())
+            .bind(&partitions)
+            .bind(limit)
+            .bind(Vec::<i64>::new())
+            .fetch_all(&mut *tx)
+            .await?;
+        Ok((partitions, rows))
+    }
+
     /// The plan and row counts of a claim as it runs (`EXPLAIN (ANALYZE, FORMAT JSON)`).
     #[cfg(test)]
     pub(crate) async fn explain_claim(
@@ -224,6 +265,14 @@ pub(crate) struct Marks {
     pub(crate) failed: Vec<(i64, String)>,
 }
 
+/// What entitles a mark: lease tokens checked in its transaction, or partition locks its
+/// transaction already holds.
+#[derive(Debug, Clone, Copy)]
+enum Guard<'a> {
+    Fence(&'a Fence),
+    Locked(&'a [i32]),
+}
+
 /// Rows actually marked; fewer than asked means leases were lost on the way.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Marked {
@@ -237,7 +286,7 @@ impl Statements {
     /// the partitions it still holds. Rows of partitions it lost are left to the new owner.
     pub(crate) async fn mark(&self, pool: &PgPool, marks: &Marks, fence: &Fence) -> Result<Marked> {
         let mut tx = pool.begin().await?;
-        let marked = self.mark_in(&mut tx, marks, fence, false).await?.0;
+        let marked = self.mark_in(&mut tx, marks, Guard::Fence(fence), false).await?.0;
         tx.commit().await?;
         Ok(marked)
     }
@@ -252,26 +301,42 @@ impl Statements {
         fence: &Fence,
     ) -> Result<Vec<serde_json::Value>> {
         let mut tx = pool.begin().await?;
-        let plans = self.mark_in(&mut tx, marks, fence, true).await?.1;
+        let plans = self.mark_in(&mut tx, marks, Guard::Fence(fence), true).await?.1;
         tx.rollback().await?;
         Ok(plans)
+    }
+
+    /// Records a batch in the transaction that locked its partitions and rows
+    /// ([`Statements::claim_locked`]): no fence, the locks are the guard.
+    pub(crate) async fn mark_locked(
+        &self,
+        tx: &mut PgConnection,
+        marks: &Marks,
+        partitions: &[i32],
+    ) -> Result<Marked> {
+        Ok(self.mark_in(tx, marks, Guard::Locked(partitions), false).await?.0)
     }
 
     async fn mark_in(
         &self,
         tx: &mut PgConnection,
         marks: &Marks,
-        fence: &Fence,
+        guard: Guard<'_>,
         explain: bool,
     ) -> Result<(Marked, Vec<serde_json::Value>)> {
         let mut marked = Marked::default();
         let mut plans = Vec::new();
-        let held: Vec<i32> = sqlx::query_scalar(self.fence.clone())
-            .bind(fence.relay_id)
-            .bind(&fence.partitions)
-            .bind(&fence.tokens)
-            .fetch_all(&mut *tx)
-            .await?;
+        let held: Vec<i32> = match guard {
+            Guard::Fence(fence) => {
+                sqlx::query_scalar(self.fence.clone())
+                    .bind(fence.relay_id)
+                    .bind(&fence.partitions)
+                    .bind(&fence.tokens)
+                    .fetch_all(&mut *tx)
+                    .await?
+            }
+            Guard::Locked(partitions) => partitions.to_vec(),
+        };
         if held.is_empty() {
             return Ok((marked, plans));
         }

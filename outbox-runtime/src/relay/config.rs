@@ -26,6 +26,32 @@ pub struct RelayConfig {
     pub(crate) dataschema_base: String,
     pub(crate) producer: BTreeMap<String, String>,
     pub(crate) cleanup: Option<Cleanup>,
+    pub(crate) claim_mode: ClaimMode,
+}
+
+/// How the polling relay keeps two relays from publishing one aggregate at once: the
+/// first two of the three relay models (the third, reading the write-ahead log, is
+/// [`CdcRelay`](crate::cdc::CdcRelay)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ClaimMode {
+    /// Work partitions leased in short transactions and renewed; rows read in one short
+    /// query, sent outside any transaction, marked in another, fenced by the lease tokens.
+    /// No transaction stays open while the broker answers, and the next batch is read while
+    /// the last one's mark is written. The default.
+    #[default]
+    Lease,
+    /// One transaction per batch that locks the free work partitions
+    /// (`FOR UPDATE SKIP LOCKED`) and the rows it reads (`FOR UPDATE`), sends them, marks
+    /// them and commits: no lease rows to renew, and a relay that dies releases its locks
+    /// with its connection at once instead of when a lease expires. The price: a connection
+    /// and the rows' locks are held for as long as the broker takes to answer (up to the
+    /// message timeout; an operator's `retry` or `discard` of a row in flight waits for it),
+    /// and batches do not overlap with their marks. Each batch locks at most its relay's
+    /// fair share of the partitions (`ceil(partitions / live relays)`, chosen at random), so
+    /// several relays share the work. Relays of both modes may share an outbox: neither
+    /// takes a partition the other holds.
+    HoldLocks,
 }
 
 impl std::fmt::Debug for RelayConfig {
@@ -44,6 +70,7 @@ impl std::fmt::Debug for RelayConfig {
             .field("dataschema_base", &self.dataschema_base)
             .field("producer", &redacted(&self.producer))
             .field("cleanup", &self.cleanup)
+            .field("claim_mode", &self.claim_mode)
             .finish()
     }
 }
@@ -69,7 +96,16 @@ impl RelayConfig {
             dataschema_base: crate::schema::DEFAULT_SCHEMA_BASE.to_owned(),
             producer: BTreeMap::new(),
             cleanup: Some(Cleanup::default()),
+            claim_mode: ClaimMode::Lease,
         }
+    }
+
+    /// How rows are claimed: [`ClaimMode::Lease`] (the default) or
+    /// [`ClaimMode::HoldLocks`], which holds a transaction and its locks across the send.
+    #[must_use]
+    pub fn claim_mode(mut self, mode: ClaimMode) -> Self {
+        self.claim_mode = mode;
+        self
     }
 
     /// Most rows read and published per batch. Default: 2,000.
@@ -294,6 +330,11 @@ impl RelayConfig {
             cleanup.validate()?;
         }
         Ok(())
+    }
+
+    /// How rows are claimed.
+    pub fn get_claim_mode(&self) -> ClaimMode {
+        self.claim_mode
     }
 
     /// Kafka's `bootstrap.servers`.

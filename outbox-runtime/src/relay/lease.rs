@@ -152,6 +152,24 @@ impl Leases {
         Ok(changes)
     }
 
+    /// Announces this relay (its heartbeat) and returns its fair share of the partitions,
+    /// `ceil(partitions / live relays)`, without leasing any: what a relay of
+    /// [`ClaimMode::HoldLocks`](super::ClaimMode::HoldLocks) locks per batch at most, so that
+    /// relays of either mode sharing the outbox all find partitions free.
+    pub(crate) async fn share(&mut self, pool: &PgPool) -> Result<usize> {
+        if self.partitions == 0 {
+            let count: i64 = sqlx::query_scalar(self.sql.count.clone()).fetch_one(pool).await?;
+            self.partitions = u32::try_from(count).unwrap_or(0);
+        }
+        sqlx::query(self.sql.heartbeat.clone()).bind(self.relay_id).execute(pool).await?;
+        let live: i64 = sqlx::query_scalar(self.sql.live_relays.clone())
+            .bind(self.ttl.as_secs_f64())
+            .fetch_one(pool)
+            .await?;
+        let live = u32::try_from(live.max(1)).unwrap_or(u32::MAX);
+        Ok(self.partitions.div_ceil(live) as usize)
+    }
+
     /// Gives every lease back at once (shutdown), so others need not wait for expiry.
     pub(crate) async fn release_all(&mut self, pool: &PgPool) -> Result<()> {
         let parts: Vec<i32> = self.held.keys().copied().collect();

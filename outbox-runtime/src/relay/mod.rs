@@ -29,6 +29,7 @@ pub(crate) mod batch;
 pub mod bench;
 pub(crate) mod claim;
 mod config;
+mod hold;
 mod lease;
 mod listen;
 pub(crate) mod publish;
@@ -50,7 +51,7 @@ use self::topics::Topics;
 use crate::error::Result;
 use crate::outbox::Outbox;
 
-pub use self::config::RelayConfig;
+pub use self::config::{ClaimMode, RelayConfig};
 pub use crate::cleanup::Cleanup;
 
 /// Counters of one relay, readable while it runs.

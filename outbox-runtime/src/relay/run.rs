@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::listen::listen;
-use super::Relay;
+use super::{ClaimMode, Relay};
 use crate::backoff;
 use crate::error::Result;
 use crate::outbox::Outbox;
@@ -60,6 +60,27 @@ impl Relay {
         tracker.close();
         info!(relay_id = %self.id(), brokers = %redact_urls(&self.config.brokers), "relay started");
 
+        match self.config.claim_mode {
+            ClaimMode::Lease => self.leased(&shutdown, &wake).await,
+            ClaimMode::HoldLocks => self.holding_locks(&shutdown, &wake).await,
+        }
+
+        self.finish_marking().await;
+        if let Err(error) = self.leases.release_all(&self.pool).await {
+            warn!(relay_id = %self.id(), stage = "shutdown", %error, "could not release leases; they expire by themselves");
+        }
+        if tokio::time::timeout(SHUTDOWN_WAIT, tracker.wait()).await.is_err() {
+            warn!(relay_id = %self.id(), stage = "shutdown", tasks = tracker.len(), waited = ?SHUTDOWN_WAIT,
+                  "background tasks still running at shutdown; returning without them");
+        }
+        info!(relay_id = %self.id(), published = self.stats.published(), "relay stopped");
+        Ok(())
+    }
+
+    /// The loop of [`ClaimMode::Lease`]: maintains the leases, claims due rows of the held
+    /// partitions and hands them to a batch, until `shutdown`.
+    async fn leased(&mut self, shutdown: &CancellationToken, wake: &Notify) {
+        let renew_every = self.config.lease_ttl / 3;
         // A batch may start only while its leases have this much time left.
         let margin = self.config.message_timeout + Duration::from_secs(1);
         let mut next_maintain = Instant::now();
@@ -89,7 +110,7 @@ impl Relay {
                 self.finish_marking().await;
                 self.pause(
                     backoff::delay(self.config.backoff_base, self.config.backoff_max, mark_failures),
-                    &shutdown,
+                    shutdown,
                 )
                 .await;
                 if shutdown.is_cancelled() {
@@ -112,7 +133,7 @@ impl Relay {
                         idle_failures += 1;
                         self.pause(
                             backoff::delay(self.config.backoff_base, self.config.backoff_max, idle_failures),
-                            &shutdown,
+                            shutdown,
                         )
                         .await;
                         continue;
@@ -140,27 +161,16 @@ impl Relay {
                 idle_failures += 1;
                 self.pause(
                     backoff::delay(self.config.backoff_base, self.config.backoff_max, idle_failures),
-                    &shutdown,
+                    shutdown,
                 )
                 .await;
             } else {
                 idle_failures = 0;
             }
         }
-
-        self.finish_marking().await;
-        if let Err(error) = self.leases.release_all(&self.pool).await {
-            warn!(relay_id = %self.id(), stage = "shutdown", %error, "could not release leases; they expire by themselves");
-        }
-        if tokio::time::timeout(SHUTDOWN_WAIT, tracker.wait()).await.is_err() {
-            warn!(relay_id = %self.id(), stage = "shutdown", tasks = tracker.len(), waited = ?SHUTDOWN_WAIT,
-                  "background tasks still running at shutdown; returning without them");
-        }
-        info!(relay_id = %self.id(), published = self.stats.published(), "relay stopped");
-        Ok(())
     }
 
-    async fn pause(&self, delay: Duration, shutdown: &CancellationToken) {
+    pub(super) async fn pause(&self, delay: Duration, shutdown: &CancellationToken) {
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
             () = shutdown.cancelled() => {}

@@ -142,8 +142,13 @@ pub(crate) struct RelayArgs {
     /// Stream the outbox's inserts from a logical replication slot (`outbox cdc setup`
     /// first) instead of polling the table. The database URL is also the replication
     /// connection's; its role needs the REPLICATION attribute.
-    #[arg(long, conflicts_with = "backfill")]
+    #[arg(long, conflicts_with_all = ["backfill", "hold_locks"])]
     pub(crate) cdc: bool,
+    /// Hold each batch's transaction, and its partitions' and rows' locks, until the broker
+    /// answers, instead of leasing partitions (`ClaimMode::HoldLocks`: no leases to renew,
+    /// a connection and the locks held while the broker is slow).
+    #[arg(long)]
+    pub(crate) hold_locks: bool,
     /// Poll the table until every pending event is published, then stop: the recovery
     /// after a replication slot is lost or dropped. Do not stream meanwhile.
     #[arg(long)]

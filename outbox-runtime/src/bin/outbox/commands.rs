@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outbox_runtime::inbox::InboxAdmin;
 use outbox_runtime::ops::{InboxSide, ReplayFilter, RetryTarget};
-use outbox_runtime::relay::{Cleanup, Relay, RelayConfig};
+use outbox_runtime::relay::{ClaimMode, Cleanup, Relay, RelayConfig};
 use outbox_runtime::secrets::redact_urls;
 use outbox_runtime::sqlx::postgres::PgPoolOptions;
 use outbox_runtime::sqlx::PgPool;
@@ -198,6 +198,7 @@ pub(crate) async fn relay(
         .source(args.source)
         .dataschema_base(args.dataschema_base)
         .cleanup(cleanup);
+    let config = if args.hold_locks { config.claim_mode(ClaimMode::HoldLocks) } else { config };
     let shutdown = CancellationToken::new();
     outbox_runtime::signal::cancel_on_signal(shutdown.clone());
     if args.cdc {
