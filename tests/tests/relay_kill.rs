@@ -127,10 +127,12 @@ async fn kill_run(pool: PgPool, aggregates: i64, versions: i64, model: Model) {
     .execute(&pool)
     .await
     .expect("trigger function");
-    sqlx::query("CREATE TRIGGER kill_topic BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION kill_topic()")
-        .execute(&pool)
-        .await
-        .expect("trigger");
+    sqlx::query(
+        "CREATE TRIGGER kill_topic BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION kill_topic()",
+    )
+    .execute(&pool)
+    .await
+    .expect("trigger");
     // The slot before the appends: they are streamed, not handed to the table path.
     let slot = if cdc { Some(Slot::setup(&pool, &outbox).await) } else { None };
     let slot_name = slot.as_ref().map(Slot::name);

@@ -1,15 +1,18 @@
-//! The change-data-capture relay against its baselines, on librdkafka's mock cluster (where
-//! the broker is not the limit, so the figures are the relay's own): `cdc_vs_raw_producer`
-//! (a drained backlog, against a raw producer sending the same records), `cdc_db_cost`
-//! (WAL written per event while draining, against the polling relay's), and the p99 of
-//! created-to-published at a steady 500 events/s, beside the polling relay's with NOTIFY.
+//! The design's three relay models side by side, on librdkafka's mock cluster (where the
+//! broker is not the limit, so the figures are the relays' own): the change-data-capture
+//! relay's `cdc_vs_raw_producer` (a drained backlog, against a raw producer sending the
+//! same records) and `cdc_db_cost` (WAL written per event while draining, against the
+//! polling relay's); `hold_locks_vs_lease` (the polling relay holding each batch's locks
+//! across the send, against the lease mode); for each model WAL bytes and dead tuples per
+//! 10,000 events and the p50 and p99 of created-to-published at a steady 500 events/s.
 
 use std::time::{Duration, Instant};
 
 use outbox_examples::events::{OrderConfirmed, Payment};
 use outbox_runtime::cdc::{CdcConfig, CdcRelay};
-use outbox_runtime::relay::{bench as hooks, Relay, RelayConfig};
+use outbox_runtime::relay::{bench as hooks, ClaimMode, Relay, RelayConfig};
 use outbox_runtime::{AppendOptions, NewEvent, Outbox, OutboxEvent};
+use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -48,7 +51,21 @@ async fn wal(pool: &PgPool) -> Result<f64, Failure> {
 /// Which relay a run uses.
 enum Which {
     Polling,
+    HoldLocks,
     Cdc,
+}
+
+/// Rows of the outbox updated or deleted so far, each of which left a dead tuple for vacuum
+/// (`pg_stat_user_tables`; a backend reports its counts when it ends, so the relays run on
+/// pools of their own, closed before this is read).
+async fn dead_tuples(pool: &PgPool) -> Result<f64, Failure> {
+    let mut conn = pool.acquire().await?;
+    sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&mut *conn).await?;
+    Ok(sqlx::query_scalar(
+        "SELECT (n_tup_upd + n_tup_del)::float8 FROM pg_stat_user_tables WHERE relid = 'outbox'::regclass",
+    )
+    .fetch_one(&mut *conn)
+    .await?)
 }
 
 /// Starts a relay of `which` kind.
@@ -62,6 +79,10 @@ fn start(
     let stop = CancellationToken::new();
     let task = match which {
         Which::Polling => tokio::spawn(Relay::new(pool.clone(), outbox.clone(), config)?.run(stop.clone())),
+        Which::HoldLocks => tokio::spawn(
+            Relay::new(pool.clone(), outbox.clone(), config.claim_mode(ClaimMode::HoldLocks))?
+                .run(stop.clone()),
+        ),
         Which::Cdc => {
             tokio::spawn(CdcRelay::new(pool.clone(), outbox.clone(), config, cdc.clone())?.run(stop.clone()))
         }
@@ -69,17 +90,27 @@ fn start(
     Ok((stop, task))
 }
 
-/// Runs a relay until `n` rows are published; returns the time from its start.
+/// What draining a backlog cost.
+struct Drained {
+    events_per_s: f64,
+    wal_bytes: f64,
+    dead_tuples: f64,
+}
+
+/// Runs a relay on a pool of its own until `n` rows are published, from a checkpoint.
 async fn drain(
     pool: &PgPool,
+    url: &str,
     outbox: &Outbox,
     config: RelayConfig,
     cdc: &CdcConfig,
     which: &Which,
     n: i64,
-) -> Result<Duration, Failure> {
+) -> Result<Drained, Failure> {
+    let relay_pool = PgPoolOptions::new().max_connections(8).connect(url).await?;
+    let (wal_before, dead_before) = (wal_after_checkpoint(pool).await?, dead_tuples(pool).await?);
     let started = Instant::now();
-    let (stop, task) = start(pool, outbox, config, cdc, which)?;
+    let (stop, task) = start(&relay_pool, outbox, config, cdc, which)?;
     let mut stall = Stall::new();
     loop {
         let published = count(pool, "SELECT count(*) FROM outbox WHERE status = 'published'").await?;
@@ -100,7 +131,12 @@ async fn drain(
     let elapsed = started.elapsed();
     stop.cancel();
     task.await??;
-    Ok(elapsed)
+    relay_pool.close().await;
+    let wal_bytes = wal(pool).await? - wal_before;
+    // The relay's backends have reported their counts as they ended.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let dead_tuples = dead_tuples(pool).await? - dead_before;
+    Ok(Drained { events_per_s: rate(n, elapsed), wal_bytes, dead_tuples })
 }
 
 /// p50 and p99 of created-to-published (ms) at a steady 500 events/s, each in its own
@@ -157,7 +193,7 @@ async fn steady(
     Ok((p50 * 1e3, p99 * 1e3))
 }
 
-/// `cdc_vs_raw_producer`, `cdc_db_cost`, `cdc_latency_p99_ms`.
+/// `cdc_vs_raw_producer`, `cdc_db_cost`, `hold_locks_vs_lease`, and each model's costs.
 pub(super) async fn cdc_throughput(
     pool: &PgPool,
     url: &str,
@@ -198,35 +234,46 @@ async fn measure(
         return Err(format!("the raw producer had {acked} of {n} records acknowledged").into());
     }
     let raw = rate(n, raw_elapsed);
-    let before = wal_after_checkpoint(pool).await?;
-    let polling = rate(n, drain(pool, outbox, config.clone(), &cdc, &Which::Polling, n).await?);
-    let polling_wal = wal(pool).await? - before;
+    let polling = drain(pool, url, outbox, config.clone(), &cdc, &Which::Polling, n).await?;
+    sqlx::query("TRUNCATE outbox").execute(pool).await?;
+    fill(pool, n, sizes.aggregates, &topic).await?;
+    let holding = drain(pool, url, outbox, config.clone(), &cdc, &Which::HoldLocks, n).await?;
+    // The polling relays' steady loads before the slot exists: a slot set up before them
+    // would stream their inserts to the CDC relay's steady run first (rows truncated since,
+    // each looked up and skipped), which put 1.4 s into its p99.
+    let (polling_p50, polling_p99) =
+        steady(pool, outbox, config.clone(), &cdc, &Which::Polling, sizes.steady_seconds).await?;
+    let (holding_p50, holding_p99) =
+        steady(pool, outbox, config.clone(), &cdc, &Which::HoldLocks, sizes.steady_seconds).await?;
 
     // The stream: the slot first, then the same backlog written (so that it is streamed).
     sqlx::query("TRUNCATE outbox").execute(pool).await?;
     cdc.setup(pool, outbox).await?;
     fill(pool, n, sizes.aggregates, &topic).await?;
-    let before = wal_after_checkpoint(pool).await?;
-    let streamed = rate(n, drain(pool, outbox, config.clone(), &cdc, &Which::Cdc, n).await?);
-    let cdc_wal = wal(pool).await? - before;
-
-    let (polling_p50, polling_p99) =
-        steady(pool, outbox, config.clone(), &cdc, &Which::Polling, sizes.steady_seconds).await?;
+    let streamed = drain(pool, url, outbox, config.clone(), &cdc, &Which::Cdc, n).await?;
     let (cdc_p50, cdc_p99) = steady(pool, outbox, config, &cdc, &Which::Cdc, sizes.steady_seconds).await?;
     sqlx::query("TRUNCATE outbox").execute(pool).await?;
 
     #[allow(clippy::cast_precision_loss)]
-    let per_10k = |bytes: f64| bytes / n as f64 * 10_000.0;
-    f.set("cdc_vs_raw_producer", streamed / raw);
-    f.set("cdc_db_cost", cdc_wal / polling_wal);
-    f.set("cdc_events_per_s", streamed);
-    f.set("cdc_polling_events_per_s", polling);
+    let per_10k = |amount: f64| amount / n as f64 * 10_000.0;
+    f.set("cdc_vs_raw_producer", streamed.events_per_s / raw);
+    f.set("cdc_db_cost", streamed.wal_bytes / polling.wal_bytes);
+    f.set("hold_locks_vs_lease", holding.events_per_s / polling.events_per_s);
+    f.set("cdc_events_per_s", streamed.events_per_s);
+    f.set("cdc_polling_events_per_s", polling.events_per_s);
+    f.set("hold_locks_events_per_s", holding.events_per_s);
     f.set("cdc_raw_producer_msgs_per_s", raw);
-    f.set("cdc_wal_bytes_per_10k_events", per_10k(cdc_wal));
-    f.set("polling_wal_bytes_per_10k_events", per_10k(polling_wal));
+    f.set("cdc_wal_bytes_per_10k_events", per_10k(streamed.wal_bytes));
+    f.set("polling_wal_bytes_per_10k_events", per_10k(polling.wal_bytes));
+    f.set("hold_locks_wal_bytes_per_10k_events", per_10k(holding.wal_bytes));
+    f.set("cdc_dead_tuples_per_10k_events", per_10k(streamed.dead_tuples));
+    f.set("polling_dead_tuples_per_10k_events", per_10k(polling.dead_tuples));
+    f.set("hold_locks_dead_tuples_per_10k_events", per_10k(holding.dead_tuples));
     f.set("cdc_latency_p50_ms", cdc_p50);
     f.set("cdc_latency_p99_ms", cdc_p99);
     f.set("polling_notify_latency_p50_ms_mock", polling_p50);
     f.set("polling_notify_latency_p99_ms_mock", polling_p99);
+    f.set("hold_locks_latency_p50_ms", holding_p50);
+    f.set("hold_locks_latency_p99_ms", holding_p99);
     Ok(())
 }

@@ -185,6 +185,12 @@ const RATIOS: &[(&str, &str, f64, bool)] = &[
         true,
     ),
     ("cdc_db_cost", "WAL bytes per event drained, change data capture / polling relay", f64::NAN, false),
+    (
+        "hold_locks_vs_lease",
+        "polling relay events/s holding each batch's locks across the send / leasing (mock cluster)",
+        f64::NAN,
+        true,
+    ),
 ];
 
 async fn bench(args: &BenchArgs, tansu: Option<&Tansu>) -> Result<(), Failure> {
