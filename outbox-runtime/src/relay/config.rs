@@ -31,7 +31,7 @@ pub struct RelayConfig {
 
 /// How the polling relay keeps two relays from publishing one aggregate at once: the
 /// first two of the three relay models (the third, reading the write-ahead log, is
-/// [`CdcRelay`](crate::cdc::CdcRelay)).
+/// `CdcRelay`, feature `cdc`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum ClaimMode {
