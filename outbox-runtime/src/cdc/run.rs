@@ -162,15 +162,25 @@ impl CdcRelay {
             }
         };
         stop.cancel();
+        let failed = read.is_err();
+        if failed {
+            // The stream is over: close it before waiting for the publisher's last batch (up
+            // to the message timeout, and its marks on a database that may be stopping). A
+            // walsender whose client stays connected without confirming holds PostgreSQL's
+            // shutdown; what was not confirmed is streamed again next time.
+            client.abort();
+        }
         let published = match publishing.await {
             Ok(result) => result,
             Err(error) => Err(Ended::Transient(format!("the publisher panicked: {error}"))),
         };
-        if let Ok(last) = &published {
-            self.report_last(&client, *last).await;
-        }
-        if tokio::time::timeout(Duration::from_secs(5), client.shutdown()).await.is_err() {
-            client.abort();
+        if !failed {
+            if let Ok(last) = &published {
+                self.report_last(&client, *last).await;
+            }
+            if tokio::time::timeout(Duration::from_secs(5), client.shutdown()).await.is_err() {
+                client.abort();
+            }
         }
         let Some(table_path) = table_path else {
             read?;

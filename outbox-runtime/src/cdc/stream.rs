@@ -2,6 +2,7 @@
 //! stream into items for the publisher while reporting the confirmed position back.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
@@ -146,6 +147,11 @@ pub(crate) fn ended(error: &pgwire_replication::PgWireError, slot: &str) -> Ende
     }
 }
 
+/// How long the relay may take to confirm the position of a keepalive the server asked it
+/// to answer before it ends the stream (see [`read`]): long enough for events already sent
+/// to be acknowledged and marked.
+const ANSWER_WITHIN: Duration = Duration::from_secs(3);
+
 /// The reader's ends of the session: items out to the publisher, confirmed positions back
 /// from it, and the memory budget of the events in between.
 #[derive(Debug)]
@@ -168,14 +174,21 @@ pub(crate) async fn read(
 ) -> std::result::Result<(), Ended> {
     let Feed { items, mut confirmed, budget, max_bytes } = feed;
     let mut ours: Option<(u32, Layout)> = None;
+    // A reply the server asked for, and until when the relay may take to confirm its position.
+    let mut asked: Option<(u64, tokio::time::Instant)> = None;
     loop {
+        let answer_by = asked.map(|(_, by)| by);
         let event = tokio::select! {
             biased;
             () = shutdown.cancelled() => return Ok(()),
             changed = confirmed.changed() => {
                 report(client, &mut confirmed, changed)?;
+                if asked.is_some_and(|(end, _)| *confirmed.borrow() >= end) {
+                    asked = None;
+                }
                 continue;
             }
+            () = until(answer_by), if answer_by.is_some() => return Err(unanswered(&confirmed)),
             event = client.recv() => event,
         };
         let event = match event {
@@ -186,7 +199,16 @@ pub(crate) async fn read(
         let item = match event {
             ReplicationEvent::Begin { xid, .. } => Item::Begin(xid),
             ReplicationEvent::Commit { end_lsn, .. } => Item::Commit(end_lsn.0),
-            ReplicationEvent::KeepAlive { wal_end, .. } => Item::Position(wal_end.0),
+            ReplicationEvent::KeepAlive { wal_end, reply_requested, .. } => {
+                if reply_requested {
+                    debug!(stage = "stream", slot, wal_end = %wal_end, confirmed = %Lsn(*confirmed.borrow()),
+                           "the server asks for a reply");
+                }
+                if reply_requested && asked.is_none() && *confirmed.borrow() < wal_end.0 {
+                    asked = Some((wal_end.0, tokio::time::Instant::now() + ANSWER_WITHIN));
+                }
+                Item::Position(wal_end.0)
+            }
             // Non-transactional logical messages (heartbeats) are past everything before them.
             ReplicationEvent::Message { transactional: false, lsn, .. } => Item::Position(lsn.0),
             ReplicationEvent::Message { .. } | ReplicationEvent::StoppedAt { .. } => continue,
@@ -248,9 +270,11 @@ pub(crate) async fn read(
         };
         // A full channel waits here; the client keeps answering the server's keepalives.
         let slot = loop {
+            let answer_by = asked.map(|(_, by)| by);
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 changed = confirmed.changed() => report(client, &mut confirmed, changed)?,
+                () = until(answer_by), if answer_by.is_some() => return Err(unanswered(&confirmed)),
                 slot = items.reserve() => match slot {
                     Ok(slot) => break slot,
                     Err(_) => return Ok(()),
@@ -259,6 +283,28 @@ pub(crate) async fn read(
         };
         slot.send(item);
     }
+}
+
+/// Resolves at `by` (never without one).
+async fn until(by: Option<tokio::time::Instant>) {
+    match by {
+        Some(by) => tokio::time::sleep_until(by).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The server asked for a reply the relay could not give in time. Status updates go out
+/// every status interval, so the server asks only when it is shutting down (a walsender
+/// exits once its client confirmed everything it sent) or has not heard from the relay for
+/// half of `wal_sender_timeout`. Events still unconfirmed (Kafka down, marks failing as the
+/// server stops) would hold a fast shutdown of PostgreSQL for as long as they last: the
+/// stream ends instead, and what was not confirmed is streamed again.
+fn unanswered(confirmed: &watch::Receiver<u64>) -> Ended {
+    Ended::Transient(format!(
+        "the server asked for the final position (shutting down?) while events after {} are not confirmed; \
+         ending the stream so that it is not held",
+        Lsn(*confirmed.borrow())
+    ))
 }
 
 /// Reports a confirmed position the publisher sent (it stopped if `changed` failed).

@@ -115,8 +115,27 @@ impl Publisher {
     }
 }
 
+/// Whether the database is gone (the connection lost, the server shutting down or
+/// refusing connections): retrying in place would keep the stream open, and a walsender
+/// waiting for its client's confirmation holds PostgreSQL's shutdown; the session ends and
+/// connects again with backoff instead.
+fn unavailable(error: &crate::Error) -> bool {
+    let crate::Error::Database(error) = error else { return false };
+    matches!(
+        error,
+        sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+    ) || error
+        .as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| c.starts_with("08") || c.starts_with("57P"))
+}
+
 /// Runs `write` until it succeeds, at most [`WRITE_ATTEMPTS`] times with backoff, each
-/// failure logged; then the session ends.
+/// failure logged; then the session ends. A database that is gone ends it at once.
 pub(super) async fn retried<T, F, Fut>(what: &str, mut write: F) -> std::result::Result<T, Ended>
 where
     F: FnMut() -> Fut,
@@ -127,7 +146,7 @@ where
         attempt += 1;
         match write().await {
             Ok(value) => return Ok(value),
-            Err(error) if attempt >= WRITE_ATTEMPTS => {
+            Err(error) if attempt >= WRITE_ATTEMPTS || unavailable(&error) => {
                 return Err(Ended::Transient(format!("{what} failed {attempt} times, last: {error}")))
             }
             Err(error) => {

@@ -1,0 +1,341 @@
+//! The change-data-capture relay against what happens to the whole server: another
+//! database writing 1 GB of WAL while the outbox is idle (test 10: the slot must not keep
+//! it), and PostgreSQL restarted in fast and immediate mode mid-stream (test 6: nothing
+//! lost, order kept).
+//!
+//! Both act on the server, not on one test's database (a restart ends every connection;
+//! 1 GB of WAL slows everything beside it), so they are ignored by default and `.ci/run`
+//! runs them alone, one at a time: `cargo test -p outbox-tests --test cdc_server --
+//! --ignored --test-threads=1`. The restart uses `pg_ctlcluster` on the one cluster under
+//! `/etc/postgresql`, or the shell command in `OUTBOX_PG_RESTART` (given the mode as `$1`).
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use outbox_runtime::{AppendOptions, NewEvent, Outbox};
+use outbox_tests::cdc_kit::{ours, Slot};
+use outbox_tests::kafka::Kafka;
+use outbox_tests::relay_kit::TOPIC;
+use outbox_tests::running::quick;
+use outbox_tests::{eventually, migrate, rows_in, Step};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// The relay's log lines (RUST_LOG, default warnings) with the test's output.
+fn logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// Restarts the server in `mode` (`fast` or `immediate`); pg_ctl waits 60 s for it to stop.
+fn restart_postgres(mode: &str) {
+    assert!(try_restart_postgres(mode), "PostgreSQL restarted ({mode})");
+}
+
+/// Whether the server restarted in `mode`. One that did not stop in time is started again
+/// once it has stopped, so that a failure leaves a server running behind it.
+fn try_restart_postgres(mode: &str) -> bool {
+    let status = match std::env::var("OUTBOX_PG_RESTART") {
+        Ok(command) => Command::new("sh").args(["-c", &command, "restart", mode]).status(),
+        Err(_) => {
+            let versions: Vec<String> = std::fs::read_dir("/etc/postgresql")
+                .expect("/etc/postgresql (or set OUTBOX_PG_RESTART)")
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect();
+            assert_eq!(versions.len(), 1, "one cluster under /etc/postgresql: {versions:?}");
+            Command::new("pg_ctlcluster")
+                .args(["--skip-systemctl-redirect", &versions[0], "main", "restart", "-m", mode])
+                .status()
+        }
+    };
+    status.expect("run the restart").success()
+}
+
+/// Starts the one cluster under `/etc/postgresql` once a shutdown in progress has ended
+/// (within a minute).
+fn start_postgres() {
+    let versions: Vec<String> = std::fs::read_dir("/etc/postgresql")
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+        .unwrap_or_default();
+    for _ in 0..60 {
+        for version in &versions {
+            let _ = Command::new("pg_ctlcluster")
+                .args(["--skip-systemctl-redirect", version, "main", "start"])
+                .status();
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        if Command::new("pg_isready").args(["-h", "127.0.0.1", "-q"]).status().is_ok_and(|s| s.success()) {
+            return;
+        }
+    }
+}
+
+/// A fast shutdown while Kafka is down and streamed events wait for it, unconfirmed: the
+/// walsender waits for its client to confirm everything it sent before it exits, so a relay
+/// that kept its stream open held PostgreSQL in shutdown for as long as Kafka was down (seen:
+/// `pg_ctl: server does not shut down` after 60 s, the server stuck until the relay's process
+/// died). The relay ends its stream when the server asks for a final reply it cannot give;
+/// the events are streamed again after the restart and published once Kafka is back.
+#[sqlx::test(migrations = false)]
+#[ignore = "restarts the PostgreSQL server: .ci/run runs it alone"]
+async fn a_fast_shutdown_is_not_held_by_events_kafka_has_not_acknowledged(pool: PgPool) {
+    logs();
+    let kafka = Kafka::mock();
+    let mock = kafka.mock_cluster().expect("mock");
+    kafka.create_topic(TOPIC, 1).await;
+    let outbox = migrate(&pool).await;
+    let slot = Slot::setup(&pool, &outbox).await;
+    mock.broker_down(1).expect("broker down");
+    let relay = slot.start(&pool, &outbox, quick(&kafka));
+    let ids = outbox_tests::relay_kit::append_steps(&pool, &outbox, "held-shutdown", 20, "h").await;
+    // Streamed and waiting for Kafka.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let started = Instant::now();
+    let restarted = tokio::task::spawn_blocking(|| try_restart_postgres("fast")).await.expect("restart");
+    let took = started.elapsed();
+    if !restarted {
+        relay.task.abort();
+        let _ = relay.task.await;
+        tokio::task::spawn_blocking(start_postgres).await.expect("start");
+        panic!("a fast shutdown was held by the relay's stream: pg_ctl gave up after {took:?}");
+    }
+    eprintln!("restarted (fast) in {:.1}s with the broker down", took.as_secs_f64());
+    // The restart of an idle server takes 2-3 s here; the relay holding the shutdown until
+    // its publisher gave up took 33 s.
+    assert!(took < Duration::from_secs(15), "the shutdown waited {took:?} for the relay");
+    mock.broker_up(1).expect("broker up");
+    assert!(eventually(Duration::from_secs(60), || async { rows_in(&pool, "published").await == 20 }).await);
+    relay.shutdown().await;
+    let records = ours(kafka.read_all(TOPIC, Duration::from_secs(30)), &ids);
+    assert!(outbox_tests::relay_kit::has_all(&ids)(&records), "every event published after the restart");
+}
+
+/// Test 10. A relay streams from an idle outbox while another database of the server writes
+/// 1 GB of WAL: the relay confirms the positions the server's keepalives carry (nothing of
+/// its own is in flight), so its slot keeps little of that WAL; a slot no relay reads, set
+/// up beside it, keeps all of it (the control: what an outbox relay that confirmed only its
+/// own commits would cost).
+#[sqlx::test(migrations = false)]
+#[ignore = "writes 1 GB of WAL on the server: .ci/run runs it alone"]
+async fn an_idle_outbox_on_a_busy_server_does_not_keep_its_wal(pool: PgPool) {
+    let kafka = Kafka::start();
+    kafka.create_topic(TOPIC, 1).await;
+    let outbox = migrate(&pool).await;
+    let slot = Slot::setup(&pool, &outbox).await;
+    let control = Slot::named(&pool).await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE PUBLICATION \"{0}\" FOR TABLE outbox WITH (publish = 'insert')",
+        control.name()
+    )))
+    .execute(&pool)
+    .await
+    .expect("control publication");
+    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
+        .bind(control.name())
+        .execute(&pool)
+        .await
+        .expect("control slot");
+    let relay = slot.start(&pool, &outbox, quick(&kafka));
+
+    // Another database: the server-wide `test`, in a table of this run's own.
+    let other = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&outbox_tests::db::base_url())
+        .await
+        .expect("the other database");
+    let table = format!("cdc_filler_{}", Uuid::new_v4().simple());
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE TABLE {table} (b text)")))
+        .execute(&other)
+        .await
+        .expect("filler");
+    let wal = || async {
+        sqlx::query_scalar::<_, f64>("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8")
+            .fetch_one(&pool)
+            .await
+            .expect("wal")
+    };
+    let retained = |name: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, Option<f64>>(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::float8 FROM pg_replication_slots \
+                 WHERE slot_name = $1",
+            )
+            .bind(name)
+            .fetch_one(&pool)
+            .await
+            .expect("retained")
+            .unwrap_or(0.0)
+        }
+    };
+    let started = Instant::now();
+    let from = wal().await;
+    let mut most_retained: f64 = 0.0;
+    while wal().await - from < f64::from(1u32 << 30) {
+        // About 4 MiB of WAL per transaction.
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {table} SELECT repeat(md5(g::text), 32) FROM generate_series(1, 4000) g"
+        )))
+        .execute(&other)
+        .await
+        .expect("fill");
+        sqlx::query(sqlx::AssertSqlSafe(format!("TRUNCATE {table}")))
+            .execute(&other)
+            .await
+            .expect("truncate");
+        most_retained = most_retained.max(retained(slot.name().to_owned()).await);
+        // About 25 MiB/s, over 40 s: the slot's restart position moves with the server's
+        // snapshots of running transactions (every 15 s while WAL is written), so what it
+        // keeps is bounded by those 15 s of WAL, not by the volume; a burst of 1 GB in 6 s
+        // would all fall between two of them.
+        tokio::time::sleep(Duration::from_millis(140)).await;
+    }
+    let written = wal().await - from;
+    let bounded = eventually(Duration::from_secs(60), || async {
+        retained(slot.name().to_owned()).await < f64::from(64u32 << 20)
+    })
+    .await;
+    let (ours_now, control_now) =
+        (retained(slot.name().to_owned()).await, retained(control.name().to_owned()).await);
+    eprintln!(
+        "wrote {:.0} MiB of WAL in {:.1}s; retained by the relay's slot: at most {:.0} MiB while writing, {:.1} MiB \
+         after; by the slot no relay reads: {:.0} MiB",
+        written / 1048576.0,
+        started.elapsed().as_secs_f64(),
+        most_retained / 1048576.0,
+        ours_now / 1048576.0,
+        control_now / 1048576.0
+    );
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}"))).execute(&other).await.expect("drop");
+    relay.shutdown().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP PUBLICATION \"{}\"", control.name())))
+        .execute(&pool)
+        .await
+        .expect("drop control publication");
+    assert!(control_now >= written * 0.9, "the control slot keeps the WAL: {control_now} of {written}");
+    assert!(bounded, "the relay's slot lets the WAL go: {ours_now} bytes retained after {written} written");
+    assert!(
+        most_retained < written * 0.6,
+        "and keeps well under all of it while it is written: at most {most_retained} of {written}"
+    );
+}
+
+/// Test 6. PostgreSQL restarted, in fast and then immediate mode, while events are appended
+/// and streamed: the relay reconnects and sends what was not confirmed again; every event
+/// whose append committed is published, in order per aggregate.
+#[sqlx::test(migrations = false)]
+#[ignore = "restarts the PostgreSQL server: .ci/run runs it alone"]
+async fn postgres_restarted_fast_and_immediate_mid_stream_loses_nothing(pool: PgPool) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+    let kafka = Kafka::start();
+    kafka.create_topic(TOPIC, 3).await;
+    let outbox = migrate(&pool).await;
+    let slot = Slot::setup(&pool, &outbox).await;
+    let relay = slot.start(&pool, &outbox, quick(&kafka));
+    let run = Uuid::new_v4().simple().to_string()[..8].to_owned();
+    let appender =
+        tokio::spawn(append_for(pool.clone(), outbox.clone(), run.clone(), Duration::from_secs(14)));
+    for mode in ["fast", "immediate"] {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let (before, started) = (rows_in(&pool, "published").await, Instant::now());
+        tokio::task::spawn_blocking(move || restart_postgres(mode)).await.expect("restart");
+        eprintln!("restarted ({mode}) in {:.1}s with {before} published", started.elapsed().as_secs_f64());
+    }
+    let (committed, failed_appends) = appender.await.expect("appender");
+    // Only what the table holds was committed (an append whose commit was cut off by the
+    // restart may or may not have been).
+    let ids: Vec<Uuid> =
+        sqlx::query_scalar("SELECT event_id FROM outbox ORDER BY id").fetch_all(&pool).await.expect("ids");
+    assert!(ids.len() >= committed, "every acknowledged append is in the table");
+    let total = i64::try_from(ids.len()).expect("count");
+    let published =
+        eventually(Duration::from_secs(90), || async { rows_in(&pool, "published").await == total }).await;
+    let stats = relay.shutdown().await;
+    assert!(
+        published,
+        "every committed event is published: {} of {total}",
+        rows_in(&pool, "published").await
+    );
+    let records = ours(kafka.read_all(TOPIC, Duration::from_secs(60)), &ids);
+    let mut firsts: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for r in &records {
+        if seen.insert(r.headers["ce_id"].clone()) {
+            firsts
+                .entry(r.key.clone())
+                .or_default()
+                .push(r.headers["ce_aggregateversion"].parse().expect("version"));
+        }
+    }
+    eprintln!(
+        "{total} events committed ({failed_appends} appends cut off by the restarts), {} records, {} distinct; \
+         the relay published {}",
+        records.len(),
+        seen.len(),
+        stats.published()
+    );
+    assert_eq!(seen.len(), ids.len(), "every event is in the topic");
+    for (key, versions) in firsts {
+        assert!(versions.windows(2).all(|w| w[0] < w[1]), "{key}: first appearances in order: {versions:?}");
+    }
+}
+
+/// Appends one event to each of 8 aggregates per transaction for `how_long`, riding over
+/// the restarts; returns the appends that committed and those that failed.
+async fn append_for(pool: PgPool, outbox: Outbox, run: String, how_long: Duration) -> (usize, usize) {
+    let until = Instant::now() + how_long;
+    let (mut committed, mut failed) = (0, 0);
+    let mut version = 1;
+    while Instant::now() < until {
+        let events: Vec<NewEvent> = (0..8)
+            .map(|a| {
+                let step = Step { id: format!("restart-{run}-{a}"), n: version, data: "r".into() };
+                NewEvent::new(&step, AppendOptions::default().aggregate_version(version)).expect("event")
+            })
+            .collect();
+        let appended: outbox_runtime::Result<()> = async {
+            let mut tx = pool.begin().await?;
+            outbox.append_batch(&mut tx, &events).await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await;
+        match appended {
+            Ok(()) => {
+                committed += events.len();
+                version += 1;
+            }
+            Err(_) => {
+                // The version is kept: an append cut off before its commit is tried again
+                // with the same version; one that committed unseen makes the next a
+                // duplicate version, which the order check reads as a first appearance.
+                failed += 1;
+                let exists: Option<i64> = sqlx::query_scalar(
+                    "SELECT count(*) FROM outbox WHERE aggregate_id LIKE $1 AND aggregate_version = $2",
+                )
+                .bind(format!("restart-{run}-%"))
+                .bind(version)
+                .fetch_one(&pool)
+                .await
+                .ok();
+                if exists.is_some_and(|n| n > 0) {
+                    version += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (committed, failed)
+}
