@@ -77,6 +77,10 @@ pub(crate) fn connection(config: &CdcConfig) -> Result<ReplicationConfig> {
     .with_port(url.port().unwrap_or(5432))
     .with_tls(tls)
     .with_status_interval(config.status_interval)
+    // Status updates every status interval even while the position stands still (Kafka
+    // down): the client's default, 10 s, let a server with a short wal_sender_timeout
+    // ask for replies the relay cannot give, and the stream end again and again.
+    .with_wakeup_interval(config.status_interval)
     // What the client reads ahead of the relay, outside its memory budget: a few hundred
     // messages, not the client's 8,192 (of events up to 1 GiB each).
     .with_buffer_size(CLIENT_BUFFER)
@@ -174,21 +178,26 @@ pub(crate) async fn read(
 ) -> std::result::Result<(), Ended> {
     let Feed { items, mut confirmed, budget, max_bytes } = feed;
     let mut ours: Option<(u32, Layout)> = None;
-    // A reply the server asked for, and until when the relay may take to confirm its position.
-    let mut asked: Option<(u64, tokio::time::Instant)> = None;
+    let mut asked = Asked::new(client);
+    let mut look = tokio::time::interval(LOOK_EVERY);
+    look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let answer_by = asked.map(|(_, by)| by);
+        let answer_by = asked.by();
         let event = tokio::select! {
             biased;
             () = shutdown.cancelled() => return Ok(()),
             changed = confirmed.changed() => {
                 report(client, &mut confirmed, changed)?;
-                if asked.is_some_and(|(end, _)| *confirmed.borrow() >= end) {
-                    asked = None;
-                }
                 continue;
             }
-            () = until(answer_by), if answer_by.is_some() => return Err(unanswered(&confirmed)),
+            _ = look.tick() => {
+                asked.look(&confirmed)?;
+                continue;
+            }
+            () = until(answer_by), if answer_by.is_some() => {
+                asked.look(&confirmed)?;
+                continue;
+            }
             event = client.recv() => event,
         };
         let event = match event {
@@ -203,9 +212,7 @@ pub(crate) async fn read(
                 if reply_requested {
                     debug!(stage = "stream", slot, wal_end = %wal_end, confirmed = %Lsn(*confirmed.borrow()),
                            "the server asks for a reply");
-                }
-                if reply_requested && asked.is_none() && *confirmed.borrow() < wal_end.0 {
-                    asked = Some((wal_end.0, tokio::time::Instant::now() + ANSWER_WITHIN));
+                    asked.look(&confirmed)?;
                 }
                 Item::Position(wal_end.0)
             }
@@ -245,9 +252,12 @@ pub(crate) async fn read(
                     let size = row.payload.len() + row.headers.len() + row.aggregate_id.len() + 256;
                     let permits = u32::try_from(size.min(max_bytes)).unwrap_or(u32::MAX);
                     let permit = loop {
+                        let answer_by = asked.by();
                         tokio::select! {
                             () = shutdown.cancelled() => return Ok(()),
                             changed = confirmed.changed() => report(client, &mut confirmed, changed)?,
+                            _ = look.tick() => asked.look(&confirmed)?,
+                            () = until(answer_by), if answer_by.is_some() => asked.look(&confirmed)?,
                             permit = budget.clone().acquire_many_owned(permits) => break permit.map_err(|_| {
                                 Ended::Transient("the memory budget was closed".to_owned())
                             })?,
@@ -270,11 +280,12 @@ pub(crate) async fn read(
         };
         // A full channel waits here; the client keeps answering the server's keepalives.
         let slot = loop {
-            let answer_by = asked.map(|(_, by)| by);
+            let answer_by = asked.by();
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 changed = confirmed.changed() => report(client, &mut confirmed, changed)?,
-                () = until(answer_by), if answer_by.is_some() => return Err(unanswered(&confirmed)),
+                _ = look.tick() => asked.look(&confirmed)?,
+                () = until(answer_by), if answer_by.is_some() => asked.look(&confirmed)?,
                 slot = items.reserve() => match slot {
                     Ok(slot) => break slot,
                     Err(_) => return Ok(()),
@@ -293,18 +304,61 @@ async fn until(by: Option<tokio::time::Instant>) {
     }
 }
 
-/// The server asked for a reply the relay could not give in time. Status updates go out
-/// every status interval, so the server asks only when it is shutting down (a walsender
-/// exits once its client confirmed everything it sent) or has not heard from the relay for
-/// half of `wal_sender_timeout`. Events still unconfirmed (Kafka down, marks failing as the
-/// server stops) would hold a fast shutdown of PostgreSQL for as long as they last: the
-/// stream ends instead, and what was not confirmed is streamed again.
-fn unanswered(confirmed: &watch::Receiver<u64>) -> Ended {
-    Ended::Transient(format!(
-        "the server asked for the final position (shutting down?) while events after {} are not confirmed; \
-         ending the stream so that it is not held",
-        Lsn(*confirmed.borrow())
-    ))
+/// How often the reader looks at the client's count of the server's requests for a reply,
+/// whatever it is waiting for.
+const LOOK_EVERY: Duration = Duration::from_millis(250);
+
+/// The server's requests for a reply, as the client counts them (it answers them itself,
+/// with the position the relay last confirmed), and the one the relay has yet to confirm.
+///
+/// The client's status updates go out every status interval, so the server asks only when
+/// it is shutting down (a walsender exits once its client confirmed everything it sent) or
+/// has not heard from the relay for half of `wal_sender_timeout`. Events still unconfirmed
+/// (Kafka down, marks failing as the server stops) would hold a fast shutdown of PostgreSQL
+/// for as long as they last: unless the relay confirms the position asked about within
+/// [`ANSWER_WITHIN`], the stream ends, and what was not confirmed is streamed again.
+struct Asked {
+    metrics: Arc<pgwire_replication::ReplicationMetrics>,
+    replies: u64,
+    pending: Option<(u64, tokio::time::Instant)>,
+}
+
+impl Asked {
+    fn new(client: &ReplicationClient) -> Self {
+        let metrics = client.metrics();
+        Asked { replies: metrics.keepalive_replies(), metrics, pending: None }
+    }
+
+    /// When the relay must have confirmed what the server asked about.
+    fn by(&self) -> Option<tokio::time::Instant> {
+        self.pending.map(|(_, by)| by)
+    }
+
+    /// Takes note of requests since the last look and of what the relay confirmed since;
+    /// ends the stream when a request went unanswered past its time.
+    fn look(&mut self, confirmed: &watch::Receiver<u64>) -> std::result::Result<(), Ended> {
+        let confirmed = *confirmed.borrow();
+        let replies = self.metrics.keepalive_replies();
+        if replies > self.replies {
+            self.replies = replies;
+            let end = self.metrics.last_wal_end().0;
+            if self.pending.is_none() && confirmed < end {
+                self.pending = Some((end, tokio::time::Instant::now() + ANSWER_WITHIN));
+            }
+        }
+        match self.pending {
+            Some((end, _)) if confirmed >= end => {
+                self.pending = None;
+                Ok(())
+            }
+            Some((_, by)) if tokio::time::Instant::now() >= by => Err(Ended::Transient(format!(
+                "the server asked for the final position (shutting down?) while events after {} are not \
+                 confirmed; ending the stream so that it is not held",
+                Lsn(confirmed)
+            ))),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Reports a confirmed position the publisher sent (it stopped if `changed` failed).

@@ -163,6 +163,9 @@ impl Relay {
     #[cfg(feature = "cdc")]
     pub(crate) fn table_path(mut self, stats: Arc<RelayStats>) -> Self {
         self.sql = Arc::new(Statements::table_path(self.outbox.names()));
+        // Leases, whatever the configuration says: the table path is not where a
+        // transaction should hold locks across a send.
+        self.config.claim_mode = ClaimMode::Lease;
         self.listen = false;
         self.stats = stats;
         self
