@@ -178,6 +178,22 @@ async fn relays_of_both_modes_share_an_outbox_without_sending_an_event_twice(poo
         start(&pool, &outbox, config.clone().claim_mode(ClaimMode::HoldLocks)),
         start(&pool, &outbox, config),
     ];
+    // Before the appends: the three relays announced, the lease relay holding leases, and
+    // the holding relays past their next look at how many share the partitions (until then
+    // each may lock all free ones, and a drain of 1.4 s finished with the lease relay at 0).
+    let settled = eventually(Duration::from_secs(20), || async {
+        let (live, leased): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM outbox_relays WHERE heartbeat_at > now() - interval '6 seconds'), \
+                    (SELECT count(*) FROM outbox_leases WHERE owner IS NOT NULL AND expires_at > now())",
+        )
+        .fetch_one(&pool)
+        .await
+        .expect("relays");
+        live == 3 && leased > 0
+    })
+    .await;
+    assert!(settled, "three relays announced, leases taken");
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let started = Instant::now();
     for round in 1..=20 {
         let events: Vec<NewEvent> = (0..40)
