@@ -53,6 +53,10 @@ pub fn main_from_env() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e @ outbox_runtime::Error::Config(_)) => {
+            eprintln!("consumer: {e}");
+            ExitCode::from(2)
+        }
         Err(e) => {
             eprintln!("consumer: {e}");
             ExitCode::from(1)

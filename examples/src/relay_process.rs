@@ -96,7 +96,8 @@ pub fn init_logging() {
         .try_init();
 }
 
-/// Runs a relay until SIGTERM or Ctrl-C. Exit code 2 on bad configuration, 1 on failure.
+/// Runs a relay until SIGTERM or Ctrl-C. Exit code 2 on bad configuration (a variable, or
+/// a setting the library refuses: `Error::Config`), 1 on failure.
 pub fn main_from_env() -> ExitCode {
     init_logging();
     let (database, config) = match config() {
@@ -137,6 +138,10 @@ pub fn main_from_env() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e @ outbox_runtime::Error::Config(_)) => {
+            eprintln!("relay: {e}");
+            ExitCode::from(2)
+        }
         Err(e) => {
             eprintln!("relay: {e}");
             ExitCode::from(1)

@@ -185,3 +185,31 @@ impl Error {
         }
     }
 }
+
+/// SQLSTATE classes that mean the server is gone or going: 08 connection exception, 57P
+/// (57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now, 57P04-05).
+#[cfg(feature = "runtime")]
+pub(crate) fn server_gone_code(code: &str) -> bool {
+    code.starts_with("08") || code.starts_with("57P")
+}
+
+/// Whether a database error says the server is gone or on its way out: the connection is
+/// lost (I/O, TLS, a closed pool, a crashed worker) or the server answered with a
+/// [`server_gone_code`]. A busy pool (`PoolTimedOut`) is not: the server answers others.
+#[cfg(feature = "runtime")]
+pub(crate) fn server_gone(error: &sqlx::Error) -> bool {
+    matches!(
+        error,
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed
+    ) || error.as_database_error().and_then(|d| d.code()).is_some_and(|c| server_gone_code(&c))
+}
+
+/// Whether the server said that it is shutting down or not taking connections (SQLSTATE
+/// 57P01 to 57P03): a fast shutdown in progress terminates sessions and refuses new ones.
+#[cfg(feature = "cdc")]
+pub(crate) fn server_stopping(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|c| matches!(c.as_ref(), "57P01" | "57P02" | "57P03"))
+}

@@ -40,7 +40,8 @@
 //! | `inbox_apply_seconds` | histogram | `consumer` | one message's transaction (in a batch, its share of the batch's) |
 //! | `inbox_batch_fallbacks_total` | counter | `consumer` | batches rolled back and applied one record per transaction |
 //! | `inbox_consumer_lag` | gauge | `consumer`, `topic`, `partition` | messages behind the partition's end |
-//! | `inbox_paused_partitions` | gauge | `consumer` | partitions paused because their worker is behind |
+//! | `inbox_paused_partitions` | gauge | `consumer` | partitions paused because their worker is behind or the memory budget is spent |
+//! | `inbox_buffered_bytes` | gauge | `consumer` | bytes of records the inbox holds, from receipt until their outcome (see `InboxConfig::memory_budget`) |
 //! | `inbox_receive_errors_total` | counter | `consumer` | errors receiving from Kafka (the consumer goes on) |
 //!
 //! Gauges of the outbox's state are set by [`Ops::record_gauges`](crate::ops::Ops::record_gauges) (in `ops`), which relays call at
@@ -81,6 +82,7 @@ pub(crate) const INBOX_APPLY_SECONDS: &str = "inbox_apply_seconds";
 pub(crate) const INBOX_BATCH_FALLBACKS: &str = "inbox_batch_fallbacks_total";
 pub(crate) const INBOX_LAG: &str = "inbox_consumer_lag";
 pub(crate) const INBOX_PAUSED: &str = "inbox_paused_partitions";
+pub(crate) const INBOX_BUFFERED: &str = "inbox_buffered_bytes";
 pub(crate) const INBOX_RECEIVE_ERRORS: &str = "inbox_receive_errors_total";
 
 /// Sets the gauges of a relay's database pool: connections open and in use, and its

@@ -27,7 +27,11 @@ impl Outbox {
         if cleanup {
             tables.push(&names.cleaned);
         }
-        self.check_tables(pool, &tables).await
+        self.check_tables(pool, &tables).await?;
+        // Migration 10's table: relays share the missing-topic clock through it.
+        let sql = format!("SELECT 1 FROM {} LIMIT 0", names.topics);
+        let missing = format!("no table {}, of migration 10", names.topics);
+        behind(sqlx::query(AssertSqlSafe(sql)).execute(pool).await, ("42P01", missing), names, Error::from)
     }
 
     async fn check_tables(&self, pool: &sqlx::PgPool, tables: &[&String]) -> Result<()> {
@@ -36,17 +40,10 @@ impl Outbox {
             tables.iter().map(|t| format!("(SELECT 1 FROM {t} LIMIT 0)")).collect::<Vec<_>>().join(", ");
         // The latest migration's column too: a relay marks failed events with it.
         let sql = format!("SELECT {sql}, (SELECT failed_at FROM {} LIMIT 0)", names.outbox);
-        match sqlx::query(AssertSqlSafe(sql)).execute(pool).await {
-            Ok(_) => Ok(()),
-            // undefined_column: migrated, but not to the latest version.
-            Err(e) if e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "42703") => {
-                Err(Error::MigrationsBehind {
-                    table: names.outbox.clone(),
-                    missing: "no column failed_at, of migration 4".to_owned(),
-                })
-            }
-            Err(e) => Err(names.not_migrated(e.into())),
-        }
+        // undefined_column: migrated, but not to the latest version.
+        let result = sqlx::query(AssertSqlSafe(sql)).execute(pool).await;
+        let missing = "no column failed_at, of migration 4".to_owned();
+        behind(result, ("42703", missing), names, |e| names.not_migrated(e.into()))
     }
 
     /// A migrator that creates (and later upgrades) this outbox's tables:
@@ -60,6 +57,23 @@ impl Outbox {
     }
 }
 
+/// A check's `result`: `Ok` when it ran, [`Error::MigrationsBehind`] saying `missing` when
+/// it failed with SQLSTATE `code`, else `other` of the database's error.
+fn behind<T>(
+    result: sqlx::Result<T>,
+    (code, missing): (&str, String),
+    names: &Names,
+    other: impl FnOnce(sqlx::Error) -> Error,
+) -> Result<()> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(e) if e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == code) => {
+            Err(Error::MigrationsBehind { table: names.outbox.clone(), missing })
+        }
+        Err(e) => Err(other(e)),
+    }
+}
+
 /// A pending row anything but its append touched: attempted (a retry is scheduled or was
 /// made), published or failed before (put up again by `replay` or `retry`), or handed to
 /// the change-data-capture relay's table path. A pending row not touched is fresh: the
@@ -67,6 +81,13 @@ impl Outbox {
 /// that a query can use them.
 pub(crate) const TOUCHED: &str =
     "(next_attempt_at > '-infinity' OR attempts > 0 OR published_at IS NOT NULL OR failed_at IS NOT NULL)";
+
+/// `o.status = 'pending'` for a statement that finds its rows by primary key (the marks):
+/// spelled in the "C" collation (the same equality for these ASCII values) so that it
+/// implies no partial index's predicate. On a table not analysed since a sudden backlog
+/// the planner takes `status = 'pending'` as rare and ANDs the open-by-aggregate index
+/// (every open row) into the primary key lookup; this leaves it the lookup alone.
+pub(crate) const PENDING_BY_ID: &str = "o.status = 'pending' COLLATE \"C\"";
 
 fn migrations(names: &Names, work_partitions: u32) -> Vec<Migration> {
     let outbox = &names.outbox;
@@ -183,48 +204,59 @@ ALTER TABLE {outbox} ADD COLUMN failed_at timestamptz;
     };
     let v5 = touched("touched", "id");
     let v6 = touched("touched_by_aggregate", "aggregate_type, aggregate_id, id");
-    vec![
-        Migration::new(
-            1,
-            "outbox, work partition leases".into(),
-            MigrationType::Simple,
-            AssertSqlSafe(v1).into_sql_str(),
-            false,
-        ),
-        Migration::new(
-            2,
-            "time indexes, cleaned tally".into(),
-            MigrationType::Simple,
-            AssertSqlSafe(v2).into_sql_str(),
-            false,
-        ),
-        Migration::new(
-            3,
-            "index of blocking rows".into(),
-            MigrationType::Simple,
-            AssertSqlSafe(v3).into_sql_str(),
-            false,
-        ),
-        Migration::new(
-            4,
-            "time of failure, operators' audit".into(),
-            MigrationType::Simple,
-            AssertSqlSafe(v4).into_sql_str(),
-            false,
-        ),
-        Migration::new(
-            5,
-            "index of events put up again".into(),
-            MigrationType::Simple,
-            AssertSqlSafe(v5).into_sql_str(),
-            true,
-        ),
-        Migration::new(
-            6,
-            "index of events put up again, by aggregate".into(),
-            MigrationType::Simple,
-            AssertSqlSafe(v6).into_sql_str(),
-            true,
-        ),
+    // The claim walks two indexes instead of the `pending` one, so that rows waiting for a
+    // retry cost it nothing until they are due (a broker outage leaves every pending row
+    // waiting, and a walk of `pending` in id order read past all of them on every claim):
+    // fresh rows (never attempted or put up again) in id order, and rows waiting for a
+    // retry in order of their due time. The append path keeps one index: `pending` goes.
+    // The `blocked` index's predicate is the `due` one's or `failed`.
+    let v7 = format!(
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS {fresh} ON {outbox} (id) INCLUDE (work_partition) \
+         WHERE status = 'pending' AND next_attempt_at = '-infinity'",
+        fresh = names.index("fresh"),
+    );
+    let v8 = format!(
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS {due} ON {outbox} (next_attempt_at, id) INCLUDE (work_partition) \
+         WHERE status = 'pending' AND next_attempt_at > '-infinity'",
+        due = names.index("due"),
+    );
+    let v10 = format!(
+        r#"
+-- Topics a relay found missing in the Kafka cluster: since when (the first such answer
+-- with no answer that it exists since) and when last confirmed. The relays share this
+-- clock of missing_topic_timeout, so that a restart or a takeover does not start it
+-- again. A row goes when a relay finds its topic.
+CREATE TABLE {topics} (
+    topic   text PRIMARY KEY,
+    since   timestamptz NOT NULL,
+    checked timestamptz NOT NULL
+);
+"#,
+        topics = names.topics,
+    );
+    let v9 = format!("DROP INDEX CONCURRENTLY IF EXISTS \"{}\".{}", names.schema, names.index("pending"));
+    // (version, description, SQL, whether it runs outside a transaction: CONCURRENTLY)
+    [
+        (1, "outbox, work partition leases", v1, false),
+        (2, "time indexes, cleaned tally", v2, false),
+        (3, "index of blocking rows", v3, false),
+        (4, "time of failure, operators' audit", v4, false),
+        (5, "index of events put up again", v5, true),
+        (6, "index of events put up again, by aggregate", v6, true),
+        (7, "index of fresh events", v7, true),
+        (8, "index of events waiting for a retry, by due time", v8, true),
+        (9, "the pending index, replaced by the fresh and due ones", v9, true),
+        (10, "missing topics, the relays' shared clock", v10, false),
     ]
+    .into_iter()
+    .map(|(version, description, sql, no_tx)| {
+        Migration::new(
+            version,
+            description.into(),
+            MigrationType::Simple,
+            AssertSqlSafe(sql).into_sql_str(),
+            no_tx,
+        )
+    })
+    .collect()
 }

@@ -60,6 +60,8 @@ pub(crate) struct Names {
     pub(crate) cleaned: String,
     /// `"schema"."table_audit"`: operators' actions by filter.
     pub(crate) audit: String,
+    /// `"schema"."table_topics"`: topics the relays found missing, and since when.
+    pub(crate) topics: String,
     /// The NOTIFY channel: `schema.table`.
     pub(crate) channel: String,
 }
@@ -76,6 +78,7 @@ impl Names {
             relays: format!("\"{schema}\".\"{table}_relays\""),
             cleaned: format!("\"{schema}\".\"{table}_cleaned\""),
             audit: format!("\"{schema}\".\"{table}_audit\""),
+            topics: format!("\"{schema}\".\"{table}_topics\""),
             channel: format!("{schema}.{table}"),
         })
     }
@@ -92,7 +95,7 @@ impl Names {
             &error,
             &self.schema,
             &self.table,
-            &["", "_leases", "_relays", "_cleaned", "_audit"],
+            &["", "_leases", "_relays", "_cleaned", "_audit", "_topics"],
         ) {
             Some(table) => Error::NotMigrated { table },
             None => error,

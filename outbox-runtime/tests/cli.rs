@@ -246,6 +246,53 @@ fn bad_arguments_and_unreachable_databases_have_their_exit_codes() {
     }
 }
 
+/// `outbox relay --hold-locks` publishes holding its batches' locks, with no lease ever
+/// written; `--hold-locks` and `--cdc` are two different relay models and refused together.
+#[sqlx::test(migrations = false)]
+async fn relay_hold_locks_publishes_without_leases_and_is_refused_with_cdc(pool: PgPool) {
+    let both = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["relay", "--brokers", "127.0.0.1:1", "--hold-locks", "--cdc", "--slot", "s"])
+        .output()
+        .expect("run");
+    assert_eq!(both.status.code(), Some(2), "{both:?}");
+    let err = String::from_utf8_lossy(&both.stderr);
+    assert!(err.contains("--hold-locks") && err.contains("--cdc"), "{err}");
+
+    append_pings(&pool, &(0..5).map(|i| format!("h{i}")).collect::<Vec<_>>()).await;
+    let kafka = rdkafka::mocking::MockCluster::new(1).expect("mock cluster");
+    kafka.create_topic(Ping::TOPIC, 1, 1).expect("topic");
+    let relay = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .arg("--database-url")
+        .arg(database_url(&pool))
+        .args(["relay", "--brokers", &kafka.bootstrap_servers(), "--hold-locks", "--poll-interval", "100ms"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("relay");
+    let published = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE status = 'published'")
+            .fetch_one(&pool)
+            .await
+            .expect("count")
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while published().await < 5 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let killed = Command::new("kill").args(["-TERM", &relay.id().to_string()]).status().expect("kill");
+    assert!(killed.success());
+    let out =
+        tokio::task::spawn_blocking(move || relay.wait_with_output()).await.expect("join").expect("wait");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(published().await, 5, "{log}");
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    let leased: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox_leases WHERE owner IS NOT NULL OR token > 0")
+            .fetch_one(&pool)
+            .await
+            .expect("leases");
+    assert_eq!(leased, 0, "a relay holding locks writes no lease");
+}
+
 /// `GET /metrics` over a plain TCP connection; `None` while nothing listens.
 fn scrape(addr: std::net::SocketAddr) -> Option<String> {
     use std::io::{Read, Write};

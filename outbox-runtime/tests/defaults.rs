@@ -120,6 +120,7 @@ fn the_readme_states_the_relay_defaults_the_code_has() {
             ("missing_topic_timeout", duration(c.get_missing_topic_timeout())),
             ("source", format!("`{}`", c.get_source())),
             ("dataschema_base", format!("`{}`", c.get_dataschema_base())),
+            ("claim_mode", format!("`{:?}`", c.get_claim_mode())),
             (
                 "cleanup",
                 format!(
@@ -129,6 +130,25 @@ fn the_readme_states_the_relay_defaults_the_code_has() {
                     duration(cleanup.get_interval())
                 ),
             ),
+        ],
+    );
+}
+
+#[cfg(feature = "cdc")]
+#[test]
+fn the_readme_states_the_cdc_defaults_the_code_has() {
+    let c = outbox_runtime::cdc::CdcConfig::new("postgres://u@h/d");
+    let mib = c.get_max_buffered_bytes() >> 20;
+    assert_eq!(mib << 20, c.get_max_buffered_bytes(), "a whole number of MiB");
+    check(
+        &readme(),
+        "CdcConfig",
+        &[
+            ("slot", format!("`{}`", c.get_slot())),
+            ("publication", format!("`{}`", c.get_publication())),
+            ("max_buffered_bytes", format!("{mib} MiB")),
+            ("takeover_interval", duration(c.get_takeover_interval())),
+            ("status_interval", duration(c.get_status_interval())),
         ],
     );
 }

@@ -141,7 +141,21 @@ impl Kafka {
             .set("group.id", format!("outbox-tests-reader-{}", uuid::Uuid::new_v4()))
             .set("enable.auto.commit", "false")
             .create()?;
-        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        // A slow broker (Tansu busy with four kill tests at once) may time a metadata
+        // request out: tried three times, like the watermarks below.
+        let mut tries = 0;
+        let metadata = loop {
+            tries += 1;
+            match consumer.fetch_metadata(Some(topic), Duration::from_secs(20)) {
+                Ok(metadata) => break metadata,
+                Err(error) if tries < 3 => {
+                    eprintln!("reader: metadata of {topic}, try {tries} of 3: {error}")
+                }
+                Err(error) => {
+                    return Err(format!("{topic}: no metadata after 3 tries of 20 s: {error}").into())
+                }
+            }
+        };
         let partitions: Vec<i32> =
             metadata.topics().iter().flat_map(|t| t.partitions()).map(|p| p.id()).collect();
         let deadline = Instant::now() + timeout;

@@ -11,7 +11,8 @@ use outbox_tests::{eventually, migrate, rows_in, Step};
 use sqlx::PgPool;
 
 /// Test 7. A 10 MB payload is streamed, published and marked like any other, and the
-/// event behind it in its aggregate follows it. The outbox's record limit and the
+/// event behind it in its aggregate follows it, with a memory budget of 1 MiB (an event
+/// larger than the budget is read alone). The outbox's record limit and the
 /// producer's `message.max.bytes` are raised for it (both refuse it by default, by name).
 #[sqlx::test(migrations = false)]
 async fn a_10_mb_payload_is_streamed_and_published(pool: PgPool) {
@@ -39,13 +40,15 @@ async fn a_10_mb_payload_is_streamed_and_published(pool: PgPool) {
     outbox.append_batch(&mut tx, &[big, small]).await.expect("append 10 MB");
     tx.commit().await.expect("commit");
 
-    let relay = slot.start(
+    // A memory budget smaller than the event: it is read alone, not waited on for ever.
+    let relay = slot.start_with(
         &pool,
         &outbox,
         quick(&kafka)
             .kafka_setting("message.max.bytes", "16777216")
             .message_timeout(Duration::from_secs(10))
             .lease_ttl(Duration::from_secs(30)),
+        slot.config.clone().max_buffered_bytes(1 << 20),
     );
     assert!(eventually(Duration::from_secs(60), || async { rows_in(&pool, "published").await == 2 }).await);
     let stats = relay.shutdown().await;

@@ -160,4 +160,15 @@ async fn a_relay_refuses_tables_older_than_it_or_missing(pool: PgPool) {
     let older = run(pool.clone()).await.expect("returns at once");
     assert!(matches!(&older, Err(outbox_runtime::Error::MigrationsBehind { .. })), "{older:?}");
     assert!(older.expect_err("refused").to_string().contains("outbox migrate"), "says what to do");
+    // Migration 10's table (the relays' missing-topic clock), gone.
+    sqlx::query("ALTER TABLE outbox ADD COLUMN failed_at timestamptz")
+        .execute(&pool)
+        .await
+        .expect("column back");
+    sqlx::query("DROP TABLE outbox_topics").execute(&pool).await.expect("older tables");
+    let older = run(pool.clone()).await.expect("returns at once");
+    assert!(
+        matches!(&older, Err(outbox_runtime::Error::MigrationsBehind { missing, .. }) if missing.contains("outbox_topics")),
+        "{older:?}"
+    );
 }

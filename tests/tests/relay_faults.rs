@@ -115,12 +115,16 @@ async fn mock_retriable_produce_errors_are_retried_without_duplicates(pool: PgPo
             RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
         ],
     );
-    let relay = start(&pool, &outbox, quick(&kafka));
+    // A deadline the retries cannot reach even on a loaded machine (librdkafka's retries
+    // and the leader lookup after NOT_LEADER take about a second): past it the relay purges
+    // and publishes again, a duplicate by design, which is not what this test is about.
+    let config = quick(&kafka).message_timeout(Duration::from_secs(10)).lease_ttl(Duration::from_secs(30));
+    let relay = start(&pool, &outbox, config);
     assert!(eventually(Duration::from_secs(30), || async { rows_in(&pool, "published").await == 4 }).await);
     relay.shutdown().await;
     let records = kafka.read_all(TOPIC, Duration::from_secs(20));
     let versions: Vec<&str> = records.iter().map(|r| r.headers["ce_aggregateversion"].as_str()).collect();
-    assert_eq!(versions, ["1", "2", "3", "4"], "each once, in order");
+    assert_eq!(versions, ["1", "2", "3", "4"], "each once, in order: {records:?}");
     let event_ids: Vec<String> = records.iter().map(|r| r.headers["ce_id"].clone()).collect();
     assert_eq!(event_ids, ids.iter().map(Uuid::to_string).collect::<Vec<_>>());
 }
@@ -269,6 +273,53 @@ async fn failed_marks_back_off_instead_of_republishing_in_a_loop(pool: PgPool) {
     assert!(sent_while_read_only >= 3, "the batch was sent");
     assert!(marked, "marked once the database takes writes");
     assert!(has_all(&ids)(&kafka.read_all(TOPIC, Duration::from_secs(10))));
+}
+
+/// Issue 24: the missing-topic clock was each relay's own, so a restart or a takeover
+/// started it again and an event whose topic never comes could wait for ever under relays
+/// that restart more often than `missing_topic_timeout`. The clock is now in the database:
+/// a relay that takes over fails the event when the topic has been missing for the
+/// timeout since any relay first found it so.
+#[sqlx::test(migrations = false)]
+async fn a_restart_does_not_restart_the_missing_topic_clock(pool: PgPool) {
+    let kafka = Kafka::mock();
+    let outbox = migrate(&pool).await;
+    let missing = format!("no-such-topic-{}", Uuid::new_v4());
+    append_steps(&pool, &outbox, "lost", 1, "x").await;
+    sqlx::query("UPDATE outbox SET topic = $1").bind(&missing).execute(&pool).await.expect("point at it");
+    let timeout = Duration::from_secs(20);
+    let config =
+        || quick(&kafka).kafka_setting("allow.auto.create.topics", "false").missing_topic_timeout(timeout);
+    let first = start(&pool, &outbox, config());
+    let started = std::time::Instant::now();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            outbox.ops().retrying(&pool, 10).await.is_ok_and(|r| {
+                r.events.iter().any(|e| e.last_error.as_deref().is_some_and(|l| l.contains("does not exist")))
+            })
+        })
+        .await,
+        "the first relay finds the topic missing"
+    );
+    // Most of the timeout with the first relay, then another takes over.
+    tokio::time::sleep(Duration::from_secs(14).saturating_sub(started.elapsed())).await;
+    first.shutdown().await;
+    assert_eq!(rows_in(&pool, "failed").await, 0, "not failed before the timeout");
+    let second = start(&pool, &outbox, config());
+    let taken_over = std::time::Instant::now();
+    assert!(
+        eventually(Duration::from_secs(40), || async { rows_in(&pool, "failed").await == 1 }).await,
+        "failed after missing_topic_timeout"
+    );
+    let waited = taken_over.elapsed();
+    second.shutdown().await;
+    assert!(started.elapsed() >= timeout, "not failed before the timeout: {:?}", started.elapsed());
+    // The second relay counts from the first relay's first answer (about 6 s left), not
+    // from its own (20 s).
+    assert!(waited < Duration::from_secs(13), "the second relay waited {waited:?}: its clock started again");
+    let reason: String =
+        sqlx::query_scalar("SELECT last_error FROM outbox").fetch_one(&pool).await.expect("reason");
+    assert!(reason.contains(&missing) && reason.contains("missing for"), "{reason}");
 }
 
 /// Problem 6 of issue 12: with auto-create off, an event whose topic does not exist stayed

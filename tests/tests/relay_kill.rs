@@ -244,7 +244,9 @@ async fn kill_run(pool: PgPool, aggregates: i64, versions: i64, model: Model) {
         .map(|id| id.to_string())
         .collect();
     let prefix = format!("kill-{run}-");
-    let records = kafka.read_all(&topic, Duration::from_secs(120));
+    // Tansu serves a few dozen records a second while four kill tests share it (CI read 5,260
+    // of 6,000 in 120 s, every row placed in the database): the reader gets 300 s.
+    let records = kafka.read_all(&topic, Duration::from_secs(300));
     let ours: Vec<_> = records.iter().filter(|r| r.key.starts_with(&prefix)).collect();
     let seen: BTreeSet<&String> = ours.iter().filter_map(|r| r.headers.get("ce_id")).collect();
     let missing = ids.iter().filter(|id| !seen.contains(id)).count();

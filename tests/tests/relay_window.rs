@@ -102,7 +102,7 @@ async fn retriable_errors_in_flight_keep_every_aggregate_in_order(pool: PgPool) 
 }
 
 /// Fault: the only broker goes down while windows are in flight, for longer than the
-/// message timeout (and than librdkafka's backstop timeout), and comes back. The relay purges what is left at its deadline, retries
+/// message timeout, and comes back. The relay purges what is left at its deadline, retries
 /// with backoff, and nothing later of an aggregate appears before an earlier event.
 #[sqlx::test(migrations = false)]
 async fn a_broker_outage_in_the_middle_of_windows_leaves_no_gap(pool: PgPool) {
@@ -120,8 +120,7 @@ async fn a_broker_outage_in_the_middle_of_windows_leaves_no_gap(pool: PgPool) {
     );
     mock.broker_down(1).expect("down");
     let during = published_count(&pool).await;
-    // Longer than librdkafka's own timeout (twice the message timeout): the relay's purge
-    // at its deadline must come first.
+    // Longer than the message timeout: the relay's purge at its deadline ends the batch.
     tokio::time::sleep(Duration::from_secs(5)).await;
     mock.broker_up(1).expect("up");
     mock.broker_round_trip_time(1, Duration::ZERO).expect("rtt");

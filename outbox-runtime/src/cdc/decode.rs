@@ -226,8 +226,19 @@ fn required(value: Option<String>, i: usize) -> Result<String, DecodeError> {
 /// A `timestamptz` as PostgreSQL prints it with `DateStyle = ISO` and `TimeZone = UTC`
 /// (`2026-12-02 10:20:00.1234+00`), as the polling relay formats `ce_time`:
 /// `2026-12-02T10:20:00.123400Z`, always six digits of fraction.
+///
+/// A time PostgreSQL takes and RFC 3339 cannot express (`infinity`, `-infinity`, a year
+/// past 9999, a date BC) is the empty string, as the polling relay reads it: the row is
+/// parked with its reason. Anything else unreadable is an error.
 pub(crate) fn rfc3339(text: &str) -> Result<String, DecodeError> {
     let bad = || DecodeError(format!("created_at {text:?} is not an ISO timestamp in UTC"));
+    let year_digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    if matches!(text, "infinity" | "-infinity")
+        || (text.ends_with(" BC") && year_digits >= 4)
+        || (year_digits > 4 && text.as_bytes().get(year_digits) == Some(&b'-'))
+    {
+        return Ok(String::new());
+    }
     let body = text.strip_suffix("+00").ok_or_else(bad)?;
     let (date, time) = body.split_once(' ').ok_or_else(bad)?;
     let (clock, fraction) = time.split_once('.').unwrap_or((time, ""));
@@ -353,6 +364,13 @@ mod tests {
             ("2026-12-02 10:20:00+00", "2026-12-02T10:20:00.000000Z"),
             ("2026-12-02 10:20:00.1+00", "2026-12-02T10:20:00.100000Z"),
             ("2026-01-31 23:59:59.999999+00", "2026-01-31T23:59:59.999999Z"),
+            ("0001-01-01 00:00:00+00", "0001-01-01T00:00:00.000000Z"),
+            // What RFC 3339 cannot express: parked by the publisher, as the polling relay does.
+            ("infinity", ""),
+            ("-infinity", ""),
+            ("10000-01-01 00:00:00+00", ""),
+            ("294276-12-31 23:59:59.999999+00", ""),
+            ("0044-03-15 12:00:00+00 BC", ""),
         ] {
             assert_eq!(rfc3339(given).as_deref(), Ok(expected), "{given}");
         }
@@ -362,6 +380,9 @@ mod tests {
             "12/02/2026 10:20:00+00",
             "2026-12-02 10:20:00.1234567+00",
             "",
+            "Infinity",
+            "44 BC",
+            "1-01-01 00:00:00+00",
         ] {
             assert!(rfc3339(bad).is_err(), "{bad}");
         }

@@ -1,15 +1,17 @@
 //! The slot's gauges, read from `pg_replication_slots` while a session streams: retained
 //! WAL, confirmed lag, time since the confirmed position moved, whether the slot is lost,
-//! and a forecast of the time left until `max_slot_wal_keep_size` is reached.
+//! and a forecast of the time left until `max_slot_wal_keep_size` is reached. The same
+//! readings tell the session when the server is shutting down.
 
 use std::time::{Duration, Instant};
 
-use sqlx::PgPool;
+use sqlx::{Connection, PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error};
+use tracing::{debug, error, warn};
 
 use super::setup::SlotStatus;
 use super::CdcConfig;
+use crate::error::{server_stopping, Error};
 
 /// How often the slot is read.
 pub(crate) const EVERY: Duration = Duration::from_secs(5);
@@ -57,17 +59,33 @@ impl Forecast {
     }
 }
 
-/// Sets the slot's gauges every [`EVERY`] until `stop`.
-pub(crate) async fn record(pool: PgPool, cdc: CdcConfig, stop: CancellationToken) {
+/// Sets the slot's gauges every [`EVERY`] until `stop`, or until the server says that it is
+/// shutting down: then it returns why, and the session ends its stream.
+///
+/// A walsender exits at shutdown only once its client confirmed everything it sent, and
+/// asks with a keepalive; a relay whose memory budget is full (Kafka down) does not read the
+/// stream, so that request waits in the socket behind what the replication client has read
+/// ahead, and the server's shutdown waits with it. A connection of the relay's own still
+/// hears of the shutdown: the server terminates it (57P01) and refuses a new one (57P03).
+/// The readings take a connection of their own, not one of the pool: sqlx's pool keeps
+/// connecting through 57P03 until its acquire timeout, and a pool that the relay's other
+/// work keeps busy would hold the readings back.
+pub(crate) async fn record(pool: PgPool, cdc: CdcConfig, stop: CancellationToken) -> Option<String> {
     let mut forecast = Forecast::default();
     let mut tick = tokio::time::interval(EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut connection: Option<PgConnection> = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            () = stop.cancelled() => return,
+            () = stop.cancelled() => return None,
         }
-        match cdc.status(&pool).await {
+        let mut read = read_on(&pool, &cdc, &mut connection).await;
+        if read.is_err() && connection.is_none() {
+            // The connection failed: a new one tells whether the server is going away.
+            read = read_on(&pool, &cdc, &mut connection).await;
+        }
+        match read {
             Ok(Some(status)) => {
                 let now = Instant::now();
                 let lost = status.wal_status.as_deref() == Some("lost");
@@ -83,9 +101,36 @@ pub(crate) async fn record(pool: PgPool, cdc: CdcConfig, stop: CancellationToken
                 metrics::gauge!(crate::metrics::CDC_TO_LIMIT).set(forecast.seconds_to_limit(now, &status));
             }
             Ok(None) => debug!(slot = %cdc.slot, stage = "slot", "the slot does not exist"),
+            Err(Error::Database(error)) if server_stopping(&error) => {
+                warn!(slot = %cdc.slot, stage = "slot", %error, "PostgreSQL is shutting down: ending the stream");
+                return Some(format!("PostgreSQL is shutting down ({error})"));
+            }
             Err(error) => debug!(slot = %cdc.slot, stage = "slot", %error, "cannot read the slot's state"),
         }
     }
+}
+
+/// Reads the slot on `connection`, connected first (with the pool's settings, within
+/// [`EVERY`]) when there is none; a connection that fails is dropped.
+async fn read_on(
+    pool: &PgPool,
+    cdc: &CdcConfig,
+    connection: &mut Option<PgConnection>,
+) -> crate::Result<Option<SlotStatus>> {
+    let mut open = match connection.take() {
+        Some(open) => open,
+        None => {
+            match tokio::time::timeout(EVERY, PgConnection::connect_with(&pool.connect_options())).await {
+                Ok(connected) => connected?,
+                Err(_) => return Err(Error::Replication(format!("no connection within {EVERY:?}"))),
+            }
+        }
+    };
+    let read = cdc.status_on(&mut open).await;
+    if read.is_ok() {
+        *connection = Some(open);
+    }
+    read
 }
 
 #[cfg(test)]

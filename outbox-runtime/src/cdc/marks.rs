@@ -4,7 +4,7 @@
 use sqlx::{PgPool, Row as _, SqlStr};
 
 use crate::error::Result;
-use crate::migrate::TOUCHED;
+use crate::migrate::{PENDING_BY_ID, TOUCHED};
 use crate::relay::claim::{storable, Placement, MARK_PLAN};
 use crate::table::{sql, Names};
 
@@ -86,17 +86,17 @@ impl Statements {
                 "UPDATE {outbox} o SET status = 'published', published_at = now(), attempts = o.attempts + d.att, \
                         last_error = NULL, kafka_partition = d.kp, kafka_offset = d.ko \
                  FROM unnest($1::bigint[], $2::int[], $3::bigint[], $4::int[]) AS d(id, kp, ko, att) \
-                 WHERE o.id = ANY($1) AND o.id = d.id AND o.status = 'pending' \
+                 WHERE o.id = ANY($1) AND o.id = d.id AND {PENDING_BY_ID} \
                  RETURNING EXTRACT(EPOCH FROM o.published_at - o.created_at)::float8, o.attempts"
             )),
             failed: sql(format!(
                 "UPDATE {outbox} o SET status = 'failed', attempts = o.attempts + d.att, last_error = d.err, failed_at = now() \
                  FROM unnest($1::bigint[], $2::int[], $3::text[]) AS d(id, att, err) \
-                 WHERE o.id = ANY($1) AND o.id = d.id AND o.status = 'pending'"
+                 WHERE o.id = ANY($1) AND o.id = d.id AND {PENDING_BY_ID}"
             )),
             hand_over: sql(format!(
-                "UPDATE {outbox} SET next_attempt_at = now() \
-                 WHERE id = ANY($1) AND status = 'pending' AND NOT {TOUCHED}"
+                "UPDATE {outbox} o SET next_attempt_at = now() \
+                 WHERE o.id = ANY($1) AND {PENDING_BY_ID} AND NOT {TOUCHED}"
             )),
         }
     }

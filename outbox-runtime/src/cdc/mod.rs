@@ -156,6 +156,27 @@ impl CdcConfig {
         self
     }
 
+    /// See [`CdcConfig::slot`].
+    pub fn get_slot(&self) -> &str {
+        &self.slot
+    }
+    /// See [`CdcConfig::publication`].
+    pub fn get_publication(&self) -> &str {
+        &self.publication
+    }
+    /// See [`CdcConfig::max_buffered_bytes`].
+    pub fn get_max_buffered_bytes(&self) -> usize {
+        self.max_buffered_bytes
+    }
+    /// See [`CdcConfig::takeover_interval`].
+    pub fn get_takeover_interval(&self) -> Duration {
+        self.takeover_interval
+    }
+    /// See [`CdcConfig::status_interval`].
+    pub fn get_status_interval(&self) -> Duration {
+        self.status_interval
+    }
+
     /// Refuses settings that cannot work, naming them.
     pub(crate) fn validate(&self) -> Result<()> {
         crate::table::validate_identifier("replication slot name", &self.slot)?;

@@ -125,14 +125,13 @@ impl CdcRelay {
             .table_path(self.stats.clone());
         // Dropped with the session (its future dropped): the tasks end with it.
         let table_path = AbortOnDropHandle::new(tokio::spawn(table_path.run(stop.clone())));
-        let _gauges = AbortOnDropHandle::new(tokio::spawn(super::gauges::record(
+        let mut gauges = AbortOnDropHandle::new(tokio::spawn(super::gauges::record(
             self.pool.clone(),
             self.cdc.clone(),
             stop.clone(),
         )));
         let producer =
-            publish::producer(&self.config.brokers, self.config.message_timeout, &self.config.producer)
-                .map_err(Ended::Fatal)?;
+            publish::producer(&self.config.brokers, &self.config.producer).map_err(Ended::Fatal)?;
         let (items, received) = mpsc::channel(CHANNEL);
         let (confirm, confirmed) = watch::channel(0);
         let budget = Arc::new(Semaphore::new(self.cdc.max_buffered_bytes.min(Semaphore::MAX_PERMITS)));
@@ -149,7 +148,10 @@ impl CdcRelay {
         let feed = Feed { items, confirmed, budget, max_bytes };
         let mut table_path = Some(table_path);
         // The table path ending by itself ends the session: handed-over events would wait.
+        // So does the server shutting down, seen on the gauges' connections: a reader
+        // waiting for room in the budget would not see the server's last request.
         let read = tokio::select! {
+            Ok(Some(reason)) = &mut gauges => Err(Ended::Transient(reason)),
             read = stream::read(&mut client, (&names.schema, &names.table), &self.cdc.slot, feed, &stop) => read,
             ended = async { table_path.as_mut().expect("running").await } => {
                 table_path = None;

@@ -160,6 +160,11 @@ impl CdcConfig {
 
     /// The slot as PostgreSQL reports it, `None` when it does not exist.
     pub async fn status(&self, pool: &PgPool) -> Result<Option<SlotStatus>> {
+        self.status_on(pool).await
+    }
+
+    /// [`CdcConfig::status`] on any connection.
+    pub(crate) async fn status_on<'c, E: sqlx::PgExecutor<'c>>(&self, on: E) -> Result<Option<SlotStatus>> {
         let row = sqlx::query(
             "SELECT active, active_pid, wal_status, restart_lsn::text, confirmed_flush_lsn::text, \
                     pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, \
@@ -167,7 +172,7 @@ impl CdcConfig {
              FROM pg_replication_slots WHERE slot_name = $1",
         )
         .bind(&self.slot)
-        .fetch_optional(pool)
+        .fetch_optional(on)
         .await?;
         row.map(|r| {
             Ok(SlotStatus {

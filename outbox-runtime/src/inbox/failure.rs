@@ -30,27 +30,20 @@ fn permanent_code(code: &str) -> bool {
     code.starts_with("22") || code.starts_with("23") || code.starts_with("54")
 }
 
-/// SQLSTATE classes and codes that mean the connection to the database is gone.
-/// Everything else (53 insufficient resources, 25006 read-only after a failover, ...) is
-/// retried and counted while the database answers a ping, so that a record that causes
-/// it every time is still bounded.
-fn unavailable_code(code: &str) -> bool {
-    // 08 connection exception, 57P01-57P05 shutdown and crash recovery.
-    code.starts_with("08") || code.starts_with("57P")
-}
+// The SQLSTATE classes that mean the connection to the database is gone are
+// `crate::error::server_gone_code`'s (08 connection exception, 57P01-57P05 shutdown and
+// crash recovery). Everything else (53 insufficient resources, 25006 read-only after a
+// failover, ...) is retried and counted while the database answers a ping, so that a
+// record that causes it every time is still bounded.
 
 /// The failure a database error makes.
 pub(crate) fn of_sqlx(error: &sqlx::Error, what: String) -> Failure {
     match error {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => Failure::Unavailable(what),
+        sqlx::Error::PoolTimedOut => Failure::Unavailable(what),
+        error if crate::error::server_gone(error) => Failure::Unavailable(what),
         sqlx::Error::Encode(_) => Failure::Permanent(what),
         _ => match error.as_database_error().and_then(|d| d.code()) {
             Some(code) if permanent_code(&code) => Failure::Permanent(what),
-            Some(code) if unavailable_code(&code) => Failure::Unavailable(what),
             _ => Failure::Transient(what),
         },
     }
@@ -73,6 +66,7 @@ pub(crate) fn sqlx_is_permanent(error: &sqlx::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::server_gone_code as unavailable_code;
 
     #[test]
     fn classes_map_to_what_repeats() {

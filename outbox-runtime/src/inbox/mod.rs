@@ -32,6 +32,7 @@
 //! ```
 
 mod admin;
+mod budget;
 mod cleanup;
 mod config;
 mod consume;

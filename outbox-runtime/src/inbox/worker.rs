@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::inbox::message::Received;
 use futures_util::FutureExt;
-use rdkafka::message::OwnedMessage;
 use sqlx::PgPool;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -113,7 +113,7 @@ impl Worker {
     /// Processes `rx` in order until it closes or the worker is stopped: the records
     /// waiting are taken as a batch and applied in one transaction; a batch that does not
     /// simply apply, and a lone record, go one record per transaction.
-    pub(crate) async fn run(self, mut rx: mpsc::Receiver<OwnedMessage>) {
+    pub(crate) async fn run(self, mut rx: mpsc::Receiver<Received>) {
         let mut throttle = Throttle { last: None, suppressed: 0 };
         let (batch_size, batch_wait, _) = self.batch;
         let mut batch: Vec<Incoming> = Vec::with_capacity(batch_size);
@@ -186,9 +186,9 @@ impl Worker {
     }
 
     /// Reads a record handed to this worker, making room for the next.
-    fn take(&self, message: OwnedMessage) -> Incoming {
+    fn take(&self, message: Received) -> Incoming {
         self.shared.made_room(&self.place);
-        Incoming::read(&message).for_consumer(&self.store.consumer_name)
+        Incoming::read(message).for_consumer(&self.store.consumer_name)
     }
 
     /// Applies `batch` in one transaction. `None` when it did; `Some(i)` when record `i` did

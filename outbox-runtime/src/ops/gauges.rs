@@ -60,12 +60,18 @@ impl Ops {
     async fn record_gauges_unchecked(&self, pool: &PgPool) -> Result<Gauges> {
         let t = &self.names().outbox;
         let window = DEFAULT_RATE_WINDOW.as_secs_f64();
+        // Pending rows are fresh or waiting for a retry, each half counted on its own index
+        // (`fresh`, `due`); the oldest is the first fresh row or the first touched one.
+        let touched = crate::migrate::TOUCHED;
         let sql = format!(
-            "SELECT (SELECT count(*) FROM {t} WHERE status = 'pending'), \
+            "SELECT (SELECT count(*) FROM {t} WHERE status = 'pending' AND next_attempt_at = '-infinity') \
+                      + (SELECT count(*) FROM {t} WHERE status = 'pending' AND next_attempt_at > '-infinity'), \
                     (SELECT count(*) FROM {t} WHERE status = 'pending' AND next_attempt_at > '-infinity'), \
                     (SELECT count(*) FROM {t} WHERE status = 'failed'), \
                     EXTRACT(EPOCH FROM now() - LEAST( \
-                      (SELECT created_at FROM {t} WHERE status = 'pending' ORDER BY id LIMIT 1), \
+                      (SELECT created_at FROM {t} WHERE status = 'pending' AND next_attempt_at = '-infinity' \
+                       ORDER BY id LIMIT 1), \
+                      (SELECT created_at FROM {t} WHERE status = 'pending' AND {touched} ORDER BY id LIMIT 1), \
                       (SELECT min(created_at) FROM {t} WHERE status = 'failed')))::float8, \
                     (SELECT count(*) FROM {t} WHERE created_at >= now() - $1 * interval '1 second'), \
                     (SELECT count(*) FROM {t} WHERE published_at >= now() - $1 * interval '1 second'), \

@@ -18,6 +18,11 @@ use super::topics::{Verdict, MISSING_CODE};
 use super::{Relay, RelayStats};
 use crate::backoff;
 
+/// How long a record may still wait after its batch's purge before the producer is purged
+/// again, and how many times.
+const REPURGE_AFTER: Duration = Duration::from_secs(1);
+const REPURGES: u32 = 5;
+
 /// The least time between two warnings about transient publish failures.
 const TRANSIENT_WARN_EVERY: Duration = Duration::from_secs(10);
 
@@ -73,8 +78,7 @@ impl Relay {
     pub(super) fn renew_producer_if_fatal(&mut self) {
         if let Some(reason) = publish::fatal(&self.producer) {
             warn!(relay_id = %self.id(), stage = "publish", %reason, "producer fatal error; creating a new producer");
-            match publish::producer(&self.config.brokers, self.config.message_timeout, &self.config.producer)
-            {
+            match publish::producer(&self.config.brokers, &self.config.producer) {
                 Ok(producer) => self.producer = producer,
                 Err(error) => warn!(relay_id = %self.id(), %error, "cannot create a producer"),
             }
@@ -242,7 +246,11 @@ impl Sender<'_> {
             let mut in_flight = Vec::with_capacity(segment.len());
             let mut stop: Option<Option<(&'r Row, Sent)>> = None;
             for row in segment {
-                if !may_send(row) {
+                // Nothing is sent once the batch is over (its deadline passed, or another
+                // chain purged the producer): such a record could wait for ever, since
+                // librdkafka times nothing out itself. The row stays as it is.
+                if !may_send(row) || purged.load(Ordering::Relaxed) || tokio::time::Instant::now() >= deadline
+                {
                     stop = Some(None);
                     break;
                 }
@@ -311,7 +319,7 @@ impl Sender<'_> {
 
     /// Waits for one delivery report until the batch's deadline; past it, purges the
     /// producer once for the whole batch, so that nothing is still sent after the batch
-    /// ended and librdkafka's own timeout (a backstop) never fires.
+    /// ended (librdkafka times nothing out itself: see `publish::LIBRDKAFKA_MESSAGE_TIMEOUT`).
     async fn delivered(
         &self,
         mut delivery: DeliveryFuture,
@@ -326,7 +334,25 @@ impl Sender<'_> {
                           "batch not acknowledged within the message timeout; purging the producer's queue");
                     publish::purge(self.producer, true).await;
                 }
-                publish::outcome(delivery.await)
+                // A record enqueued just after that purge (by a chain that checked the
+                // deadline a moment before) is failed by the next one.
+                for purges in 1..=REPURGES {
+                    match tokio::time::timeout(REPURGE_AFTER, &mut delivery).await {
+                        Ok(report) => return publish::outcome(report),
+                        Err(_) => {
+                            warn!(relay_id = %self.relay_id, stage = "publish", purges,
+                                  "a record outlived the batch's purge; purging again");
+                            publish::purge(self.producer, true).await;
+                        }
+                    }
+                }
+                match tokio::time::timeout(REPURGE_AFTER, &mut delivery).await {
+                    Ok(report) => publish::outcome(report),
+                    Err(_) => Sent::Transient {
+                        reason: format!("no delivery report after {REPURGES} purges"),
+                        code: "unpurged".to_owned(),
+                    },
+                }
             }
         }
     }
@@ -398,4 +424,70 @@ fn chains(rows: Vec<Row>) -> Vec<Vec<Row>> {
         }
     }
     chains
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    use rdkafka::mocking::MockCluster;
+    use uuid::Uuid;
+
+    use super::Sender;
+    use crate::relay::claim::Row;
+    use crate::relay::topics::Topics;
+    use crate::relay::{publish, RelayConfig, RelayStats};
+
+    fn row(id: i64, topic: &str) -> Row {
+        Row {
+            id,
+            event_id: Uuid::new_v4(),
+            aggregate_type: "order".into(),
+            aggregate_id: "a".into(),
+            aggregate_version: Some(id),
+            event_type: "order.placed".into(),
+            schema_version: 1,
+            topic: topic.into(),
+            payload: "{}".into(),
+            headers: "{}".into(),
+            created_at: "2026-12-03T08:00:00.000000Z".into(),
+            attempts: 0,
+            work_partition: 0,
+        }
+    }
+
+    /// librdkafka times nothing out itself, so a record sent once the batch is over waits
+    /// for nothing but the broker. A chain whose batch was already purged (another chain
+    /// reached the deadline) or whose deadline passed sends nothing more and ends at once;
+    /// before, it sent its next run, and with the broker down waited for ever.
+    #[tokio::test]
+    async fn a_chain_sends_nothing_once_its_batch_is_purged_or_past_its_deadline() {
+        let mock = MockCluster::new(1).expect("mock cluster");
+        mock.create_topic("one", 1, 1).expect("topic");
+        let producer = publish::producer(&mock.bootstrap_servers(), &BTreeMap::new()).expect("producer");
+        mock.broker_down(-1).expect("down");
+        let config = RelayConfig::new(mock.bootstrap_servers());
+        let (topics, stats) = (Topics::new(Duration::from_secs(60), None), RelayStats::default());
+        let sender = Sender {
+            producer: &producer,
+            config: &config,
+            topics: &topics,
+            stats: &stats,
+            relay_id: Uuid::nil(),
+        };
+        let chain = [row(1, "one"), row(2, "one")];
+        let later = tokio::time::Instant::now() + Duration::from_secs(60);
+        for (deadline, purged) in [(later, true), (tokio::time::Instant::now(), false)] {
+            let purged = AtomicBool::new(purged);
+            let ended = tokio::time::timeout(
+                Duration::from_secs(10),
+                sender.chain(&chain, |_| true, deadline, &purged),
+            )
+            .await
+            .expect("the chain ends at once");
+            assert!(ended.is_empty(), "nothing sent, no outcome: the rows stay as they are");
+        }
+    }
 }

@@ -8,6 +8,7 @@ use sqlx::{FromRow, PgConnection, PgPool, Row as _, SqlStr};
 use uuid::Uuid;
 
 use crate::error::Result;
+use crate::migrate::PENDING_BY_ID;
 use crate::table::{sql, Names};
 
 /// One outbox row as the relay publishes it.
@@ -23,7 +24,8 @@ pub(crate) struct Row {
     pub(crate) topic: String,
     pub(crate) payload: String,
     pub(crate) headers: String,
-    /// `created_at` as RFC 3339 UTC, for `ce_time`.
+    /// `created_at` as RFC 3339 UTC, for `ce_time`; empty when RFC 3339 cannot express it
+    /// (infinite, before year 1 or after 9999: the row is parked, see `publish::enqueue`).
     pub(crate) created_at: String,
     pub(crate) attempts: i32,
     pub(crate) work_partition: i32,
@@ -58,14 +60,19 @@ pub(crate) struct Placement {
 
 #[derive(Debug)]
 pub(crate) struct Statements {
+    /// The polling relay's claim: fresh rows in id order and rows whose retry is due in
+    /// order of due time, each walk its own index under [`CLAIM_PLAN`], in one statement
+    /// (one snapshot: an operator's action committing between two statements could show
+    /// a row to neither walk or to both), merged by id and cut to the limit in [`merge`].
+    /// The table path's claim is one walk (its rows are few: the `touched` indexes).
     claim: SqlStr,
-    /// Whether the claim walks the pending index (the whole outbox) in id order under
-    /// [`CLAIM_PLAN`]; the table path's claim reads the small `blocked` index instead.
-    whole: bool,
     /// The claim of the relay that holds locks across the send: the same rows, locked
     /// `FOR UPDATE` until its transaction ends (an operator's `retry` or `discard` of one
     /// waits for the send).
     claim_locked: SqlStr,
+    /// The whole outbox's claim (under [`CLAIM_PLAN`]), not the table path's (which reads
+    /// the small `touched` and `blocked` indexes as the planner likes).
+    whole: bool,
     /// Free work partitions (no live lease), at most the relay's share, locked
     /// `FOR UPDATE SKIP LOCKED` for the transaction of the relay that holds locks: relays of
     /// either model never publish one partition at once.
@@ -76,9 +83,9 @@ pub(crate) struct Statements {
     failed: SqlStr,
 }
 
-/// Planner settings for the claim, local to its transaction: the only plan left is an
-/// ordered walk of the pending index that stops at the limit, each row's order check
-/// probing the blocked index. Left to the planner, a table whose statistics are missing or
+/// Planner settings for the claim, local to its transaction: the only plans left are
+/// ordered walks of the `fresh` and `due` indexes that stop at the limit, each row's order
+/// check probing the blocked index. Left to the planner, a table whose statistics are missing or
 /// stale (a sudden backlog while autovacuum is behind, or autovacuum off) got a bitmap
 /// scan and a sort of every pending row for every claim: 600 ms instead of 5 ms at 100,000
 /// pending rows. `enable_*` only prices a plan out, so a claim never fails for want of one.
@@ -110,32 +117,70 @@ impl Statements {
 
     fn with_scope(names: &Names, scope: &str) -> Self {
         let (outbox, leases) = (&names.outbox, &names.leases);
-        // Due pending rows of held partitions, oldest first, skipping every aggregate
-        // whose earlier event is failed or waiting for its retry: per-aggregate order.
-        // An earlier due row has a lower id, so it is in the batch whenever a later one is.
-        // The first blocker condition is the predicate of the `blocked` index, which
-        // keeps the check O(blocked rows) whatever the backlog.
-        let claim = format!(
-                "SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version, \
+        let columns = "o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version, \
                         o.event_type, o.schema_version, o.topic, o.payload::text AS payload, \
                         o.headers::text AS headers, \
-                        to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS created_at, \
-                        o.attempts, o.work_partition \
-                 FROM {outbox} o \
-                 WHERE o.status = 'pending' {scope}AND o.work_partition = ANY($1) AND o.next_attempt_at <= now() \
-                   AND o.id <> ALL($3) \
-                   AND NOT EXISTS ( \
-                     SELECT 1 FROM {outbox} p \
-                     WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id \
-                       AND p.id < o.id \
-                       AND (p.status = 'failed' OR (p.status = 'pending' AND p.next_attempt_at > '-infinity')) \
-                       AND (p.status = 'failed' OR p.next_attempt_at > now())) \
+                        CASE WHEN o.created_at >= '0001-01-01 00:00:00+00' \
+                              AND o.created_at < '10000-01-01 00:00:00+00' \
+                             THEN to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') \
+                             ELSE '' END AS created_at, \
+                        o.attempts, o.work_partition";
+        // Due pending rows of held partitions, skipping every aggregate whose earlier
+        // event is failed or waits for a retry: per-aggregate order. The blocker condition
+        // is the predicate of the `blocked` index, which keeps the check O(blocked rows)
+        // whatever the backlog.
+        let blocked_by = |rule: &str| {
+            format!(
+                "NOT EXISTS ( \
+                   SELECT 1 FROM {outbox} p \
+                   WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id \
+                     AND p.id < o.id \
+                     AND (p.status = 'failed' OR (p.status = 'pending' AND p.next_attempt_at > '-infinity')){rule})"
+            )
+        };
+        let base = "o.status = 'pending' AND o.work_partition = ANY($1) AND o.id <> ALL($3)";
+        let (claim, claim_locked) = if scope.is_empty() {
+            // Two walks. Head of line: any earlier row waiting for a retry blocks, due or
+            // not, so a batch holds at most one such row per aggregate and nothing of the
+            // aggregate after it; fresh rows come in id order. Merged by id and cut to the
+            // limit, every aggregate's rows in a batch are a prefix of its open rows in id
+            // order (an earlier fresh row left out means `limit` fresh rows before it,
+            // so nothing later is in the batch either).
+            let order = blocked_by("");
+            let fresh = format!(
+                "SELECT {columns} FROM {outbox} o \
+                 WHERE {base} AND o.next_attempt_at = '-infinity' AND {order} \
                  ORDER BY o.id LIMIT $2"
             );
+            let due = format!(
+                "SELECT {columns} FROM {outbox} o \
+                 WHERE {base} AND o.next_attempt_at > '-infinity' AND o.next_attempt_at <= now() AND {order} \
+                 ORDER BY o.next_attempt_at, o.id LIMIT $2"
+            );
+            let both = |lock: &str| {
+                format!(
+                    "WITH fresh AS ({fresh}{lock}), due AS ({due}{lock}) \
+                     SELECT * FROM fresh UNION ALL SELECT * FROM due"
+                )
+            };
+            (both(""), both(" FOR UPDATE OF o"))
+        } else {
+            // The table path: few rows, one walk in id order. An earlier due row has a
+            // lower id, so it is in the batch whenever a later one is; only one not yet
+            // due blocks.
+            let order = blocked_by(" AND (p.status = 'failed' OR p.next_attempt_at > now())");
+            let claim = format!(
+                "SELECT {columns} FROM {outbox} o \
+                 WHERE {base} {scope}AND o.next_attempt_at <= now() AND {order} \
+                 ORDER BY o.id LIMIT $2"
+            );
+            let locked = format!("{claim} FOR UPDATE OF o");
+            (claim, locked)
+        };
         Statements {
-            whole: scope.is_empty(),
-            claim_locked: sql(format!("{claim} FOR UPDATE OF o")),
             claim: sql(claim),
+            claim_locked: sql(claim_locked),
+            whole: scope.is_empty(),
             lock_partitions: sql(format!(
                 "SELECT work_partition FROM {leases} WHERE owner IS NULL OR expires_at <= now() \
                  ORDER BY random() LIMIT $1 FOR UPDATE SKIP LOCKED"
@@ -154,19 +199,19 @@ impl Statements {
                 "UPDATE {outbox} o SET status = 'published', published_at = now(), attempts = o.attempts + 1, \
                         last_error = NULL, kafka_partition = d.kp, kafka_offset = d.ko \
                  FROM unnest($1::bigint[], $2::int[], $3::bigint[]) AS d(id, kp, ko) \
-                 WHERE o.id = ANY($1) AND o.id = d.id AND o.status = 'pending' AND o.work_partition = ANY($4) \
+                 WHERE o.id = ANY($1) AND o.id = d.id AND {PENDING_BY_ID} AND o.work_partition = ANY($4) \
                  RETURNING EXTRACT(EPOCH FROM o.published_at - o.created_at)::float8, o.attempts"
             )),
             retry: sql(format!(
                 "UPDATE {outbox} o SET attempts = o.attempts + d.attempt, last_error = d.err, \
                         next_attempt_at = now() + d.delay_ms * interval '1 millisecond' \
                  FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::int[]) AS d(id, delay_ms, err, attempt) \
-                 WHERE o.id = ANY($1) AND o.id = d.id AND o.status = 'pending' AND o.work_partition = ANY($5)"
+                 WHERE o.id = ANY($1) AND o.id = d.id AND {PENDING_BY_ID} AND o.work_partition = ANY($5)"
             )),
             failed: sql(format!(
                 "UPDATE {outbox} o SET status = 'failed', attempts = o.attempts + 1, last_error = d.err, failed_at = now() \
                  FROM unnest($1::bigint[], $2::text[]) AS d(id, err) \
-                 WHERE o.id = ANY($1) AND o.id = d.id AND o.status = 'pending' AND o.work_partition = ANY($3)"
+                 WHERE o.id = ANY($1) AND o.id = d.id AND {PENDING_BY_ID} AND o.work_partition = ANY($3)"
             )),
         }
     }
@@ -181,17 +226,30 @@ impl Statements {
         marking: &[i64],
     ) -> Result<Vec<Row>> {
         let mut tx = pool.begin().await?;
+        let rows = self.claim_in(&mut tx, &self.claim, partitions, limit, marking).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+
+    /// Runs a claim in `tx` and merges its walks.
+    async fn claim_in(
+        &self,
+        tx: &mut PgConnection,
+        claim: &SqlStr,
+        partitions: &[i32],
+        limit: i64,
+        marking: &[i64],
+    ) -> Result<Vec<Row>> {
         if self.whole {
             sqlx::query(CLAIM_PLAN).execute(&mut *tx).await?;
         }
-        let rows = sqlx::query_as(self.claim.clone())
+        let rows: Vec<Row> = sqlx::query_as(claim.clone())
             .bind(partitions)
             .bind(limit)
             .bind(marking)
             .fetch_all(&mut *tx)
             .await?;
-        tx.commit().await?;
-        Ok(rows)
+        Ok(merge(rows, limit))
     }
 
     /// In `tx`, the relay that holds locks across the send: locks up to `share` free work
@@ -211,43 +269,49 @@ impl Statements {
         if partitions.is_empty() {
             return Ok((partitions, Vec::new()));
         }
-        if self.whole {
-            sqlx::query(CLAIM_PLAN).execute(&mut *tx).await?;
-        }
-        let rows = sqlx::query_as(self.claim_locked.clone())
-            .bind(&partitions)
-            .bind(limit)
-            .bind(Vec::<i64>::new())
-            .fetch_all(&mut *tx)
-            .await?;
+        let rows = self.claim_in(tx, &self.claim_locked, &partitions, limit, &[]).await?;
         Ok((partitions, rows))
     }
 
-    /// The plan and row counts of a claim as it runs (`EXPLAIN (ANALYZE, FORMAT JSON)`).
+    /// The plans and row counts of a claim's walks as they run (`EXPLAIN (ANALYZE, FORMAT
+    /// JSON)`): fresh rows, then rows due for a retry.
     #[cfg(test)]
     pub(crate) async fn explain_claim(
         &self,
         pool: &PgPool,
         partitions: &[i32],
         limit: i64,
-    ) -> Result<serde_json::Value> {
+    ) -> Result<Vec<serde_json::Value>> {
         let mut tx = pool.begin().await?;
         sqlx::query(CLAIM_PLAN).execute(&mut *tx).await?;
-        let plan = sqlx::query_scalar(sql(format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", self.claim.as_str())))
-            .bind(partitions)
-            .bind(limit)
-            .bind(Vec::<i64>::new())
-            .fetch_one(&mut *tx)
-            .await?;
+        let mut plans = Vec::new();
+        for statement in self.claim_sql() {
+            plans.push(
+                sqlx::query_scalar(sql(format!("EXPLAIN (ANALYZE, FORMAT JSON) {statement}")))
+                    .bind(partitions)
+                    .bind(limit)
+                    .bind(Vec::<i64>::new())
+                    .fetch_one(&mut *tx)
+                    .await?,
+            );
+        }
         tx.rollback().await?;
-        Ok(plan)
+        Ok(plans)
     }
 
-    /// The claim statement, for plan checks.
+    /// The claim's statements, for plan checks.
     #[cfg(test)]
-    pub(crate) fn claim_sql(&self) -> &str {
-        self.claim.as_str()
+    pub(crate) fn claim_sql(&self) -> Vec<&str> {
+        vec![self.claim.as_str()]
     }
+}
+
+/// A claim's walks as one batch: the `limit` lowest ids of them, in id order.
+fn merge(mut rows: Vec<Row>, limit: i64) -> Vec<Row> {
+    rows.sort_unstable_by_key(|row| row.id);
+    rows.dedup_by_key(|row| row.id);
+    rows.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+    rows
 }
 
 /// The fencing credentials of a mark.

@@ -75,8 +75,8 @@ impl std::fmt::Debug for RelayConfig {
     }
 }
 
-/// The longest message timeout: librdkafka's `message.timeout.ms` (twice it) must fit in
-/// an `i32` of milliseconds.
+/// The longest message timeout, 12 days: a batch waits that long for its acknowledgements
+/// at most (the lease must exceed twice it, and PostgreSQL takes the lease as an interval).
 const MAX_MESSAGE_TIMEOUT: Duration = Duration::from_secs(12 * 24 * 3600);
 
 impl RelayConfig {
@@ -133,9 +133,9 @@ impl RelayConfig {
     }
 
     /// How long a batch's records may take to be acknowledged. Past it, the relay purges
-    /// what the producer still holds (a transient failure, retried with backoff);
-    /// librdkafka's own `message.timeout.ms` is set to twice this, as a backstop that never
-    /// fires first. Default: 10 s.
+    /// what the producer still holds (a transient failure, retried with backoff). This is
+    /// the only timeout on a record: librdkafka's own `message.timeout.ms` is off, since a
+    /// record it times out lets the records queued behind it through. Default: 10 s.
     #[must_use]
     pub fn message_timeout(mut self, timeout: Duration) -> Self {
         self.message_timeout = timeout;
@@ -249,15 +249,14 @@ impl RelayConfig {
         }
         if self.message_timeout.is_zero() {
             return Err(Error::Config(
-                "message_timeout is 0, which librdkafka takes as no timeout: a send could outlive its lease and \
-                 another relay publish the same aggregate meanwhile"
+                "message_timeout is 0: every batch would be purged before the broker could acknowledge it"
                     .into(),
             ));
         }
         if self.message_timeout > MAX_MESSAGE_TIMEOUT {
             return Err(Error::Config(format!(
-                "message_timeout ({:?}) must be at most {MAX_MESSAGE_TIMEOUT:?}: librdkafka's message.timeout.ms, \
-                 which the relay sets to twice it, holds at most 2^31-1 ms",
+                "message_timeout ({:?}) must be at most {MAX_MESSAGE_TIMEOUT:?}: a batch waits that long for \
+                 acknowledgements before the relay purges it",
                 self.message_timeout
             )));
         }
@@ -273,8 +272,8 @@ impl RelayConfig {
                 }
                 "transactional.id" => "the relay publishes with the idempotent producer, not with transactions",
                 "message.timeout.ms" => {
-                    "set it with RelayConfig::message_timeout, which is checked against the lease: a send must end \
-                     within its lease"
+                    "the relay turns librdkafka's own timeout off (a record it times out lets the ones queued behind \
+                     it through, out of order) and ends each batch itself: set RelayConfig::message_timeout"
                 }
                 "max.in.flight" if value.trim() != "1" => {
                     "the relay sends an aggregate's events without waiting for each acknowledgement, so it keeps one \

@@ -38,12 +38,7 @@ impl Relay {
         while !shutdown.is_cancelled() {
             if Instant::now() >= next_share {
                 next_share = Instant::now() + share_every;
-                match self.leases.share(&self.pool).await {
-                    Ok(now) => share = now,
-                    Err(error) => {
-                        warn!(relay_id = %self.id(), stage = "lease", %error, "cannot announce this relay; keeping its share")
-                    }
-                }
+                self.announce(&mut share).await;
             }
             let delay = match self.locked_batch(share).await {
                 Ok(None) => {
@@ -73,12 +68,32 @@ impl Relay {
                     delay
                 }
             };
-            self.pause(delay, shutdown).await;
+            // The heartbeat goes on through a long backoff: a relay that other relays took
+            // for dead would have them take its share of the partitions, then give it back.
+            let resume = Instant::now() + delay;
+            while !shutdown.is_cancelled() && Instant::now() < resume {
+                self.pause(resume.min(next_share).saturating_duration_since(Instant::now()), shutdown).await;
+                if Instant::now() >= next_share {
+                    next_share = Instant::now() + share_every;
+                    self.announce(&mut share).await;
+                }
+            }
         }
     }
 
-    /// One batch in one transaction, on at most `share` partitions. `None` when there was nothing to send (no free
-    /// partition or no due row).
+    /// Renews this relay's heartbeat and reads its fair share of the partitions into
+    /// `share`, which stays as it was when the database cannot be reached.
+    async fn announce(&mut self, share: &mut usize) {
+        match self.leases.share(&self.pool).await {
+            Ok(now) => *share = now,
+            Err(error) => {
+                warn!(relay_id = %self.id(), stage = "lease", %error, "cannot announce this relay; keeping its share")
+            }
+        }
+    }
+
+    /// One batch in one transaction, on at most `share` partitions. `None` when there was
+    /// nothing to send (no free partition or no due row).
     async fn locked_batch(&mut self, share: usize) -> Result<Option<BatchOutcome>> {
         let mut tx = self.pool.begin().await?;
         let timeout = |d: Duration| format!("{}ms", d.as_millis());

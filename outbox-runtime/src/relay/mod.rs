@@ -47,7 +47,7 @@ use uuid::Uuid;
 
 use self::claim::Statements;
 use self::lease::Leases;
-use self::topics::Topics;
+use self::topics::{SharedClock, Topics};
 use crate::error::Result;
 use crate::outbox::Outbox;
 
@@ -134,11 +134,11 @@ impl Relay {
     /// last batch's mark is written), one for cleanup and one for its gauges.
     pub fn new(pool: PgPool, outbox: Outbox, config: RelayConfig) -> Result<Self> {
         config.validate()?;
-        let producer = publish::producer(&config.brokers, config.message_timeout, &config.producer)?;
+        let producer = publish::producer(&config.brokers, &config.producer)?;
         let names = outbox.names();
         let leases = Leases::new(names, Uuid::new_v4(), config.lease_ttl);
         let sql = Arc::new(Statements::new(names));
-        let topics = Topics::new(config.missing_topic_timeout);
+        let topics = Topics::new(config.missing_topic_timeout, Some(SharedClock::new(pool.clone(), names)));
         Ok(Relay {
             pool,
             outbox,

@@ -20,34 +20,30 @@ use crate::error::{Error, Result};
 pub(crate) const FIXED: &[(&str, &str)] =
     &[("acks", "all"), ("enable.idempotence", "true"), ("enable.gapless.guarantee", "true")];
 
-/// librdkafka's own `message.timeout.ms`, a backstop the relay's deadline always precedes.
+/// librdkafka's own `message.timeout.ms`: none (0 is infinite).
 ///
 /// The relay ends a batch itself at `message_timeout` by purging what is still queued or in
-/// flight. A record that times out inside librdkafka is the one failure the gapless
-/// guarantee does not cover: librdkafka bumps the producer epoch and sends the records
-/// queued behind it, so a later event of the aggregate could be persisted before an
-/// earlier one that never was. With the timeout at twice the relay's deadline that only
-/// happens if the relay stalls for a whole `message_timeout`; the lease (more than twice
-/// the message timeout) still bounds every send.
-pub(crate) fn backstop(message_timeout: Duration) -> Duration {
-    message_timeout.saturating_mul(2)
-}
+/// flight, which with the gapless guarantee fails every record behind a purged one. A
+/// record librdkafka times out itself is the one failure that guarantee does not cover:
+/// librdkafka bumps the producer epoch and sends the records queued behind it, so a later
+/// event of an aggregate would be persisted without an earlier one. Any finite timeout
+/// does that to a relay that stalls past its deadline (a starved runtime, a paused
+/// process) while the broker is slow; with none, such a relay's records are written late
+/// and in order, and its marks are refused once its lease has passed: duplicates, never a
+/// gap.
+const LIBRDKAFKA_MESSAGE_TIMEOUT: &str = "0";
 
 /// The relay's partitioner unless a `kafka_setting` says otherwise: Java-compatible
 /// murmur2 of the key (null keys, which the relay never sends, at random).
 pub(crate) const DEFAULT_PARTITIONER: &str = "murmur2_random";
 
-/// Builds the idempotent, gapless producer: `acks=all`, and `message.timeout.ms` at
-/// [`backstop`] so that every record ends (delivered or failed) within a lease.
-pub(crate) fn producer(
-    brokers: &str,
-    message_timeout: Duration,
-    overrides: &BTreeMap<String, String>,
-) -> Result<FutureProducer> {
+/// Builds the idempotent, gapless producer: `acks=all`, and no timeout of its own
+/// ([`LIBRDKAFKA_MESSAGE_TIMEOUT`]): every record ends when the relay says so.
+pub(crate) fn producer(brokers: &str, overrides: &BTreeMap<String, String>) -> Result<FutureProducer> {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", brokers)
-        .set("message.timeout.ms", backstop(message_timeout).as_millis().to_string())
+        .set("message.timeout.ms", LIBRDKAFKA_MESSAGE_TIMEOUT)
         // The relay hands a whole batch over at once: waiting for more only adds latency
         // (created-to-published p50 went from 18 to 5 ms at 500 events/s with 0 instead of 5).
         .set("linger.ms", "0")
@@ -114,6 +110,13 @@ pub(crate) fn headers(row: &Row, config: &RelayConfig) -> OwnedHeaders {
     headers
 }
 
+/// The reason a row is parked with when its `created_at` (read as an empty `ce_time`) is a
+/// time that PostgreSQL takes and RFC 3339 cannot express: only a row written by hand can
+/// have one, and every later event of its aggregate waits behind it.
+pub(crate) const UNREPRESENTABLE_TIME: &str =
+    "created_at is not a time CloudEvents can carry (ce_time is RFC 3339: \
+     finite, years 0001 to 9999); correct the row's created_at, then retry it";
+
 /// How a send ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Sent {
@@ -125,7 +128,7 @@ pub(crate) enum Sent {
     /// Will fail again until something changes: quarantine the event.
     Permanent { reason: String, code: String },
     /// Not sent: its topic does not exist. Ask again after `retry_in`; not an attempt.
-    Held { reason: String, retry_in: std::time::Duration },
+    Held { reason: String, retry_in: Duration },
 }
 
 pub(crate) fn judge(error: &KafkaError) -> Sent {
@@ -147,6 +150,12 @@ pub(crate) fn enqueue(
     row: &Row,
     config: &RelayConfig,
 ) -> std::result::Result<DeliveryFuture, Sent> {
+    if row.created_at.is_empty() {
+        return Err(Sent::Permanent {
+            reason: UNREPRESENTABLE_TIME.to_owned(),
+            code: "created_at".to_owned(),
+        });
+    }
     let record = FutureRecord::to(&row.topic)
         .key(row.aggregate_id.as_bytes())
         .payload(row.payload.as_bytes())
@@ -186,11 +195,58 @@ pub(crate) fn fatal(producer: &FutureProducer) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
     use rdkafka::message::Headers;
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::FutureRecord;
     use uuid::Uuid;
 
-    use super::{headers, Row};
+    use super::{headers, producer, Row};
     use crate::relay::RelayConfig;
+
+    /// A relay that stalls past its deadline (a starved runtime, a paused process) never
+    /// purges its batch: whatever then ends a record is librdkafka's. A record that times
+    /// out while queued makes librdkafka bump the producer epoch and send what is queued
+    /// behind it, so a later event of the aggregate would be persisted without the earlier
+    /// one: the relay's producer must never time a record out itself.
+    ///
+    /// Here the broker is down for longer than the relay's `message_timeout` twice over;
+    /// the record queued first must still be written before the one queued after.
+    #[tokio::test]
+    async fn a_stalled_relay_never_lets_a_later_record_pass_an_earlier_one() {
+        let mock = MockCluster::new(1).expect("mock cluster");
+        mock.create_topic("stall", 1, 1).expect("topic");
+        // What the relay's deadline would be (the tests' `message_timeout`).
+        let message_timeout = Duration::from_secs(2);
+        let producer = producer(&mock.bootstrap_servers(), &BTreeMap::new()).expect("producer");
+        let send = |payload: &'static str| {
+            producer
+                .send_result(FutureRecord::to("stall").key("aggregate").payload(payload))
+                .map_err(|(e, _)| e)
+                .expect("queued")
+        };
+        // A first record gives the producer its id and epoch.
+        send("v1").await.expect("report").expect("v1 delivered");
+        mock.broker_down(-1).expect("down");
+        let earlier = send("v2");
+        // Past the deadline twice over, and past the backstop librdkafka's timeout once was.
+        tokio::time::sleep(message_timeout * 2 + Duration::from_millis(500)).await;
+        let later = send("v3");
+        mock.broker_up(-1).expect("up");
+        let earlier =
+            tokio::time::timeout(Duration::from_secs(30), earlier).await.expect("v2 ends").expect("report");
+        let later =
+            tokio::time::timeout(Duration::from_secs(30), later).await.expect("v3 ends").expect("report");
+        let (earlier, later) = (earlier.map_err(|(e, _)| e), later.map_err(|(e, _)| e));
+        assert!(
+            earlier.is_ok() || later.is_err(),
+            "v3 was written although v2 before it failed: v2 {earlier:?}, v3 {later:?}"
+        );
+        let (earlier, later) = (earlier.expect("v2 delivered"), later.expect("v3 delivered"));
+        assert!(earlier.offset < later.offset, "v2 at {}, v3 at {}", earlier.offset, later.offset);
+    }
 
     /// What an append counts for a record's headers covers what the relay sends, with the
     /// longest `source` and `dataschema_base` a relay accepts and the largest versions: a

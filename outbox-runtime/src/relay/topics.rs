@@ -12,6 +12,12 @@
 //! (broker down, timeout), a topic never seen missing is sent to as usual and the send's own
 //! error decides; one seen missing keeps waiting until an answer comes.
 //!
+//! The clock is shared: when a relay first finds a topic missing it records the time in
+//! the outbox's `_topics` table (PostgreSQL's clock), and every relay counts from the
+//! earliest such answer not followed by one that the topic exists. A restart or a
+//! takeover goes on counting instead of starting again. When the table cannot be reached
+//! the relay counts from its own first answer, as it would alone.
+//!
 //! Held rows are not attempts: their retry marks leave `attempts` alone, so `max_attempts`
 //! never counts them, and they are asked about again within [`HELD_RETRY_MAX`], so an event
 //! goes out soon after its topic is created.
@@ -21,7 +27,10 @@ use std::time::{Duration, Instant};
 
 use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::types::RDKafkaRespErr;
+use sqlx::{PgPool, SqlStr};
 use tracing::{debug, info, warn};
+
+use crate::table::{sql, Names};
 
 /// How long an existing topic is taken to exist without asking again. A send to it that
 /// fails transiently makes the next batch ask at once.
@@ -48,11 +57,13 @@ enum State {
     Exists {
         checked: Instant,
     },
-    /// First found missing at `since`, last confirmed missing at `checked`, `answers` times.
+    /// First found missing by this relay at `since`, last confirmed missing at `checked`,
+    /// `answers` times; missing for `confirmed` at `checked`, by any relay's answers.
     Missing {
         since: Instant,
         checked: Instant,
         answers: u32,
+        confirmed: Duration,
     },
 }
 
@@ -79,15 +90,72 @@ pub(crate) enum Verdict {
 /// so that no Kafka error code's name (`UnknownTopic`, ...) can be mistaken for it.
 pub(crate) const MISSING_CODE: &str = "topic_missing";
 
+/// The clock the relays share: `since` and `checked` of each missing topic in the
+/// outbox's `_topics` table.
+#[derive(Debug, Clone)]
+pub(crate) struct SharedClock {
+    pool: PgPool,
+    /// Records answers that topics are missing; returns how long each has been.
+    missing: SqlStr,
+    /// Forgets topics found to exist, and rows no relay confirmed for [`FORGET_AFTER`].
+    found: SqlStr,
+}
+
+impl SharedClock {
+    pub(crate) fn new(pool: PgPool, names: &Names) -> Self {
+        let topics = &names.topics;
+        SharedClock {
+            pool,
+            // A row nobody confirmed for FORGET_AFTER starts again, as a relay's own memory
+            // of the topic would.
+            missing: sql(format!(
+                "INSERT INTO {topics} AS t (topic, since, checked) SELECT m, now(), now() FROM unnest($1::text[]) AS m \
+                 ON CONFLICT (topic) DO UPDATE SET checked = now(), \
+                   since = CASE WHEN t.checked < now() - $2 * interval '1 second' THEN now() ELSE t.since END \
+                 RETURNING topic, EXTRACT(EPOCH FROM now() - since)::float8"
+            )),
+            found: sql(format!(
+                "DELETE FROM {topics} WHERE topic = ANY($1) OR checked < now() - $2 * interval '1 second'"
+            )),
+        }
+    }
+
+    async fn missing(&self, topics: &[String]) -> sqlx::Result<HashMap<String, Duration>> {
+        let rows: Vec<(String, f64)> = sqlx::query_as(self.missing.clone())
+            .bind(topics)
+            .bind(FORGET_AFTER.as_secs_f64())
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(topic, seconds)| (topic, Duration::try_from_secs_f64(seconds).unwrap_or_default()))
+            .collect())
+    }
+
+    async fn found(&self, topics: &[String]) -> sqlx::Result<()> {
+        sqlx::query(self.found.clone())
+            .bind(topics)
+            .bind(FORGET_AFTER.as_secs_f64())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Topics {
     state: HashMap<String, State>,
     missing_timeout: Duration,
+    shared: Option<SharedClock>,
+    /// When the shared clock last failed, for one warning a minute.
+    shared_warned: Option<Instant>,
 }
 
 impl Topics {
-    pub(crate) fn new(missing_timeout: Duration) -> Self {
-        Topics { state: HashMap::new(), missing_timeout }
+    /// What a relay knows of its topics; with `shared`, the missing-topic clock is the
+    /// relays' in the database.
+    pub(crate) fn new(missing_timeout: Duration, shared: Option<SharedClock>) -> Self {
+        Topics { state: HashMap::new(), missing_timeout, shared, shared_warned: None }
     }
 
     fn needs_check(&self, topic: &str) -> bool {
@@ -95,8 +163,8 @@ impl Topics {
             None => true,
             // Asked again every second while missing, and before any event is failed: an
             // event is failed only on an answer of this batch that came after the timeout.
-            Some(State::Missing { since, checked, .. }) => {
-                checked.elapsed() >= RECHECK_MISSING || checked.duration_since(*since) >= self.missing_timeout
+            Some(State::Missing { checked, confirmed, .. }) => {
+                checked.elapsed() >= RECHECK_MISSING || *confirmed >= self.missing_timeout
             }
             Some(State::Exists { checked }) => checked.elapsed() >= RECHECK_EXISTING,
         }
@@ -144,18 +212,40 @@ impl Topics {
         })
         .await
         .unwrap_or_default();
+        let missing_now: Vec<String> = answers
+            .iter()
+            .filter(|(_, e)| *e == Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART))
+            .map(|(t, _)| t.clone())
+            .collect();
+        let found: Vec<String> = answers
+            .iter()
+            .filter(|(t, e)| {
+                *e != Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART)
+                    && !matches!(self.state.get(t), Some(State::Exists { .. }))
+            })
+            .map(|(t, _)| t.clone())
+            .collect();
+        let shared = self.share(&missing_now, &found, timeout).await;
         for (topic, error) in answers {
             let missing = error == Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART);
             let previous = self.state.get(&topic).copied();
             let now = Instant::now();
+            // Missing for as long as any relay's answers show, or this relay's own.
+            let confirmed = |since: Instant| {
+                now.duration_since(since).max(shared.get(&topic).copied().unwrap_or_default())
+            };
             let state = match (missing, previous) {
-                (true, Some(State::Missing { since, answers, .. })) => {
-                    State::Missing { since, checked: now, answers: answers.saturating_add(1) }
-                }
+                (true, Some(State::Missing { since, answers, .. })) => State::Missing {
+                    since,
+                    checked: now,
+                    answers: answers.saturating_add(1),
+                    confirmed: confirmed(since),
+                },
                 (true, _) => {
-                    warn!(topic, stage = "metadata", fails_after = ?self.missing_timeout,
+                    let confirmed = confirmed(now);
+                    warn!(topic, stage = "metadata", fails_after = ?self.missing_timeout, missing_for = ?round(confirmed),
                           "the topic does not exist in the Kafka cluster: its events wait for it, then are marked failed");
-                    State::Missing { since: now, checked: now, answers: 1 }
+                    State::Missing { since: now, checked: now, answers: 1, confirmed }
                 }
                 (false, Some(State::Missing { since, .. })) => {
                     info!(topic, stage = "metadata", missing_for = ?since.elapsed(), "the topic exists now; its events are sent");
@@ -167,13 +257,48 @@ impl Topics {
         }
     }
 
+    /// Records these answers in the shared clock and returns how long each missing topic
+    /// has been missing by it (nothing without a shared clock or when it fails: this
+    /// relay's own answers count then).
+    async fn share(
+        &mut self,
+        missing: &[String],
+        found: &[String],
+        within: Duration,
+    ) -> HashMap<String, Duration> {
+        let Some(shared) = &self.shared else { return HashMap::new() };
+        // Bounded like the metadata requests: a slow database must not hold up the batch.
+        let shared_clock = async {
+            if !found.is_empty() {
+                shared.found(found).await?;
+            }
+            if missing.is_empty() {
+                Ok(HashMap::new())
+            } else {
+                shared.missing(missing).await
+            }
+        };
+        let result = match tokio::time::timeout(within, shared_clock).await {
+            Ok(result) => result.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer within {within:?}")),
+        };
+        result.unwrap_or_else(|error| {
+            if self.shared_warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                self.shared_warned = Some(Instant::now());
+                warn!(stage = "metadata", %error,
+                      "cannot read or record the relays' missing-topic clock; counting from this relay's own answers");
+            }
+            HashMap::new()
+        })
+    }
+
     /// What to do with a row of `topic` now.
     pub(crate) fn verdict(&self, topic: &str) -> Verdict {
         match self.state.get(topic) {
-            Some(&State::Missing { since, checked, answers }) => {
+            Some(&State::Missing { checked, answers, confirmed, .. }) => {
                 // Missing for as long as the answers show, not for as long as the clock says:
                 // without a newer answer the topic may exist by now.
-                let confirmed_for = checked.duration_since(since);
+                let confirmed_for = confirmed;
                 let fresh = checked.elapsed() < RECHECK_MISSING;
                 if confirmed_for >= self.missing_timeout && fresh {
                     Verdict::Fail(format!(
@@ -230,21 +355,41 @@ mod tests {
 
     #[test]
     fn a_missing_topic_waits_then_fails_on_fresh_answers_and_an_existing_one_sends() {
-        let mut topics = Topics::new(Duration::from_secs(60));
+        let mut topics = Topics::new(Duration::from_secs(60), None);
         assert_eq!(topics.verdict("unknown-yet"), Verdict::Send, "no answer: send, the send decides");
         let now = Instant::now();
         let ago = |s: u64| now.checked_sub(Duration::from_secs(s)).expect("clock");
         topics.state.insert("orders".into(), State::Exists { checked: now });
-        topics.state.insert("missing".into(), State::Missing { since: now, checked: now, answers: 1 });
+        topics.state.insert(
+            "missing".into(),
+            State::Missing { since: now, checked: now, answers: 1, confirmed: Duration::ZERO },
+        );
         // First missing 70 s ago, confirmed missing again just now: 70 s of answers.
-        topics.state.insert("gone".into(), State::Missing { since: ago(70), checked: now, answers: 9 });
+        topics.state.insert(
+            "gone".into(),
+            State::Missing { since: ago(70), checked: now, answers: 9, confirmed: Duration::from_secs(70) },
+        );
         // The same, but the last answer is 5 s old (no answer since): not failed on it.
-        topics.state.insert("stale".into(), State::Missing { since: ago(70), checked: ago(5), answers: 9 });
+        topics.state.insert(
+            "stale".into(),
+            State::Missing {
+                since: ago(70),
+                checked: ago(5),
+                answers: 9,
+                confirmed: Duration::from_secs(65),
+            },
+        );
         // First missing 70 s ago, but the last answer came 40 s ago (the broker has been
         // unreachable since): 30 s of answers, so it waits, and is asked about again.
-        topics
-            .state
-            .insert("unconfirmed".into(), State::Missing { since: ago(70), checked: ago(40), answers: 3 });
+        topics.state.insert(
+            "unconfirmed".into(),
+            State::Missing {
+                since: ago(70),
+                checked: ago(40),
+                answers: 3,
+                confirmed: Duration::from_secs(30),
+            },
+        );
         assert_eq!(topics.verdict("orders"), Verdict::Send);
         assert!(matches!(topics.verdict("missing"), Verdict::Wait { reason, retry_in }
             if reason.contains("topic missing ") && retry_in == Duration::from_secs(1)));

@@ -56,8 +56,8 @@ pub struct Setup {
     pub producer: RawProducer,
 }
 
-/// Creates the `effects` table, starts the broker and a topic of `partitions`.
-pub async fn setup(pool: &PgPool, partitions: i32) -> Setup {
+/// Creates the `effects` table the [`Ledger`] writes.
+pub async fn create_effects(pool: &PgPool) {
     sqlx::query(
         "CREATE TABLE effects (event_id uuid NOT NULL, account text NOT NULL, amount bigint NOT NULL, \
          kafka_partition integer NOT NULL, kafka_offset bigint NOT NULL)",
@@ -65,6 +65,11 @@ pub async fn setup(pool: &PgPool, partitions: i32) -> Setup {
     .execute(pool)
     .await
     .expect("effects");
+}
+
+/// Creates the `effects` table, starts the broker and a topic of `partitions`.
+pub async fn setup(pool: &PgPool, partitions: i32) -> Setup {
+    create_effects(pool).await;
     let kafka = Kafka::start();
     let topic = format!("robust-{}", Uuid::new_v4().simple());
     kafka.create_topic(&topic, partitions).await;

@@ -1,5 +1,6 @@
 //! `claim_backlog_ratio`: the relay's claim of one batch over a large backlog against a
-//! small one.
+//! small one; `claim_outage_ratio`: the same claim with a million rows waiting for a retry
+//! (a broker outage) against none.
 
 use outbox_runtime::relay::bench as hooks;
 use outbox_runtime::Outbox;
@@ -28,23 +29,7 @@ pub(super) async fn claim_backlog(pool: &PgPool, sizes: Sizes, f: &mut Figures) 
         .await?;
         sqlx::query(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {table}"))).execute(pool).await?;
     }
-    // Flush what the inserts dirtied now rather than during the measurement (needs a
-    // superuser; without one the checkpoint simply happens when PostgreSQL decides).
-    let _ = sqlx::query("CHECKPOINT").execute(pool).await;
-    let (mut small_total, mut large_total) = (0.0, 0.0);
-    for i in 0..sizes.claims + 5 {
-        let (small_rows, small_time) = hooks::claim_once(pool, &small, 500).await?;
-        let (large_rows, large_time) = hooks::claim_once(pool, &large, 500).await?;
-        if small_rows != 500 || large_rows != 500 {
-            return Err(format!("claims read {small_rows} and {large_rows} rows, not 500").into());
-        }
-        if i >= 5 {
-            small_total += small_time.as_secs_f64();
-            large_total += large_time.as_secs_f64();
-        }
-    }
-    #[allow(clippy::cast_precision_loss)]
-    let (small_mean, large_mean) = (small_total / sizes.claims as f64, large_total / sizes.claims as f64);
+    let (small_mean, large_mean) = alternate_claims(pool, (&small, &large), 500, sizes.claims).await?;
     f.set("claim_backlog_ratio", large_mean / small_mean);
     f.set("claim_ms_small_backlog", small_mean * 1e3);
     f.set("claim_ms_large_backlog", large_mean * 1e3);
@@ -52,4 +37,76 @@ pub(super) async fn claim_backlog(pool: &PgPool, sizes: Sizes, f: &mut Figures) 
     f.set("claim_large_backlog", sizes.claim_large);
     f.set("claims_measured", sizes.claims);
     Ok(())
+}
+
+/// `claim_outage_ratio`: the relay's claim of one batch of due rows with
+/// `sizes.claim_waiting` rows waiting for a retry that is not due (a broker outage: every
+/// row sent failed and waits), against the same due rows alone. Two tables side by side,
+/// claims alternating, as in [`claim_backlog`]; the waiting rows are older (lower ids) than
+/// the due ones, as they are in an outage.
+pub(super) async fn claim_outage(pool: &PgPool, sizes: Sizes, f: &mut Figures) -> Result<(), Failure> {
+    const DUE: i64 = 500;
+    let calm = Outbox::new(outbox_runtime::OutboxConfig::default().table("claim_calm"))?;
+    let outage = Outbox::new(outbox_runtime::OutboxConfig::default().table("claim_outage"))?;
+    for (outbox, table, waiting) in [(&calm, "claim_calm", 0), (&outage, "claim_outage", sizes.claim_waiting)]
+    {
+        outbox.migrator().run(pool).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {table} (event_id, aggregate_type, aggregate_id, event_type, schema_version, topic, payload, \
+                                  attempts, next_attempt_at, last_error) \
+             SELECT gen_random_uuid(), 'bench', 'waiting-' || g, 'bench.claim', 1, 'bench-claim', '{{}}', 3, \
+                    now() + interval '1 hour', 'broker down' \
+             FROM generate_series(1, $1::bigint) AS g"
+        )))
+        .bind(waiting)
+        .execute(pool)
+        .await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {table} (event_id, aggregate_type, aggregate_id, event_type, schema_version, topic, payload) \
+             SELECT gen_random_uuid(), 'bench', 'due-' || g, 'bench.claim', 1, 'bench-claim', '{{}}' \
+             FROM generate_series(1, $1::bigint) AS g"
+        )))
+        .bind(DUE)
+        .execute(pool)
+        .await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {table}"))).execute(pool).await?;
+    }
+    let (calm_mean, outage_mean) = alternate_claims(pool, (&calm, &outage), DUE, sizes.claims).await?;
+    f.set("claim_outage_ratio", outage_mean / calm_mean);
+    f.set("claim_ms_no_waiting", calm_mean * 1e3);
+    f.set("claim_ms_waiting", outage_mean * 1e3);
+    f.set("claim_waiting_rows", sizes.claim_waiting);
+    for table in ["claim_calm", "claim_outage"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {table}"))).execute(pool).await?;
+    }
+    Ok(())
+}
+
+/// Claims `batch` rows of `a` and of `b` in turn, `claims` times each after 5 to warm up,
+/// and returns the mean time of a claim of each. Alternating makes whatever else the
+/// machine does hit both alike. A claim that returns other than `batch` rows is an error:
+/// the two would not be measuring the same work.
+async fn alternate_claims(
+    pool: &PgPool,
+    (a, b): (&Outbox, &Outbox),
+    batch: i64,
+    claims: usize,
+) -> Result<(f64, f64), Failure> {
+    // Flush what the inserts dirtied now rather than during the measurement (needs a
+    // superuser; without one the checkpoint simply happens when PostgreSQL decides).
+    let _ = sqlx::query("CHECKPOINT").execute(pool).await;
+    let (mut a_total, mut b_total) = (0.0, 0.0);
+    for i in 0..claims + 5 {
+        let (a_rows, a_time) = hooks::claim_once(pool, a, batch).await?;
+        let (b_rows, b_time) = hooks::claim_once(pool, b, batch).await?;
+        if i64::try_from(a_rows) != Ok(batch) || i64::try_from(b_rows) != Ok(batch) {
+            return Err(format!("claims read {a_rows} and {b_rows} rows, not {batch}").into());
+        }
+        if i >= 5 {
+            a_total += a_time.as_secs_f64();
+            b_total += b_time.as_secs_f64();
+        }
+    }
+    #[allow(clippy::cast_precision_loss)]
+    Ok((a_total / claims as f64, b_total / claims as f64))
 }

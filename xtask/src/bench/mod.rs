@@ -30,7 +30,7 @@ use sqlx::PgPool;
 use self::append::append_overhead;
 use self::broker::{broker, mock_broker, start_tansu, Tansu};
 use self::cdc::cdc_throughput;
-use self::claim::claim_backlog;
+use self::claim::{claim_backlog, claim_outage};
 use self::inbox::inbox_throughput;
 use self::notify::notify_latency;
 use self::relay::relay_throughput;
@@ -60,6 +60,8 @@ struct Sizes {
     aggregates: i64,
     claim_small: i64,
     claim_large: i64,
+    /// Rows waiting for a retry, not due, for `claim_outage_ratio`.
+    claim_waiting: i64,
     claims: usize,
     steady_seconds: u64,
     inbox_events: i64,
@@ -71,6 +73,7 @@ const FULL: Sizes = Sizes {
     aggregates: 1_000,
     claim_small: 10_000,
     claim_large: 1_000_000,
+    claim_waiting: 1_000_000,
     claims: 200,
     steady_seconds: 30,
     // On the mock cluster, whose partition log keeps 5 MB: 8,000 records of 1 KiB with
@@ -84,6 +87,7 @@ const QUICK: Sizes = Sizes {
     aggregates: 1_000,
     claim_small: 10_000,
     claim_large: 100_000,
+    claim_waiting: 1_000_000,
     claims: 100,
     steady_seconds: 8,
     inbox_events: 8_000,
@@ -175,6 +179,7 @@ const RATIOS: &[(&str, &str, f64, bool)] = &[
     ("relay_vs_pg_mark", "relay events/s / claim+mark rows/s, no Kafka", f64::NAN, true),
     ("relay_vs_limit", "relay / min(raw producer, pg mark)", 0.7, true),
     ("claim_backlog_ratio", "claim time, large backlog / 10k backlog", 1.3, false),
+    ("claim_outage_ratio", "claim time with 1,000,000 rows waiting for a retry / with none", 1.3, false),
     ("notify_latency_vs_poll", "p99 created->published at 500/s / 1 s poll", 0.02, false),
     ("inbox_vs_raw", "inbox applies/s / raw consumer inserts/s, one per transaction", f64::NAN, true),
     ("inbox_vs_raw_batched", "the same, up to 100 per transaction", 0.7, true),
@@ -233,6 +238,7 @@ async fn bench(args: &BenchArgs, tansu: Option<&Tansu>) -> Result<(), Failure> {
     }
     if run("claim") {
         claim_backlog(&pool, sizes, &mut figures).await?;
+        claim_outage(&pool, sizes, &mut figures).await?;
         progress("claim backlog", started);
     }
     if run("cdc") {

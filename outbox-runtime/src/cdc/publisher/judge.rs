@@ -116,18 +116,11 @@ impl Publisher {
 }
 
 /// Whether the database is gone (the connection lost, the server shutting down or
-/// refusing connections; not a pool busy with the relay's other work): retrying in place would keep the stream open, and a walsender
-/// waiting for its client's confirmation holds PostgreSQL's shutdown; the session ends and
-/// connects again with backoff instead.
+/// refusing connections; not a pool busy with the relay's other work): retrying in place
+/// would keep the stream open, and a walsender waiting for its client's confirmation holds
+/// PostgreSQL's shutdown; the session ends and connects again with backoff instead.
 fn unavailable(error: &crate::Error) -> bool {
-    let crate::Error::Database(error) = error else { return false };
-    matches!(
-        error,
-        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed
-    ) || error
-        .as_database_error()
-        .and_then(|d| d.code())
-        .is_some_and(|c| c.starts_with("08") || c.starts_with("57P"))
+    matches!(error, crate::Error::Database(error) if crate::error::server_gone(error))
 }
 
 /// Runs `write` until it succeeds, at most [`WRITE_ATTEMPTS`] times with backoff, each

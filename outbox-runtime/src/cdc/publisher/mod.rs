@@ -25,7 +25,7 @@ use super::stream::{Ended, Item};
 use crate::relay::batch::Sender;
 use crate::relay::claim::{Placement, Row};
 use crate::relay::publish::{self, Sent};
-use crate::relay::topics::Topics;
+use crate::relay::topics::{SharedClock, Topics};
 use crate::relay::{RelayConfig, RelayStats};
 use crate::table::Names;
 
@@ -92,9 +92,10 @@ impl Publisher {
         stats: Arc<RelayStats>,
     ) -> Self {
         Publisher {
+            topics: Topics::new(config.missing_topic_timeout, Some(SharedClock::new(pool.clone(), names))),
             pool,
             sql: Arc::new(Statements::new(names)),
-            topics: Topics::new(config.missing_topic_timeout),
+
             config,
             producer,
             stats,
@@ -350,8 +351,7 @@ impl Publisher {
         }
         if let Some(reason) = publish::fatal(&self.producer) {
             warn!(stage = "publish", %reason, "producer fatal error; creating a new producer");
-            match publish::producer(&self.config.brokers, self.config.message_timeout, &self.config.producer)
-            {
+            match publish::producer(&self.config.brokers, &self.config.producer) {
                 Ok(producer) => self.producer = producer,
                 Err(error) => warn!(%error, "cannot create a producer"),
             }

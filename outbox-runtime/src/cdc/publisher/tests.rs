@@ -58,8 +58,7 @@ async fn a_row_not_visible_yet_is_waited_for_and_a_deleted_one_is_not(pool: PgPo
         .expect("xid");
     let xid = u32::try_from(xid & 0xffff_ffff).expect("32 bits");
     let config = RelayConfig::new("127.0.0.1:1");
-    let producer =
-        publish::producer("127.0.0.1:1", Duration::from_secs(1), &Default::default()).expect("producer");
+    let producer = publish::producer("127.0.0.1:1", &Default::default()).expect("producer");
     let publisher = Publisher::new(pool.clone(), outbox.names(), config, producer, Arc::default());
 
     let committing = tokio::spawn(async move {

@@ -12,6 +12,9 @@ const MS: Duration = Duration::from_millis(1);
 const HOUR: Duration = Duration::from_secs(3600);
 const DAY: Duration = Duration::from_secs(86_400);
 
+/// [`InboxConfig::memory_budget`]'s default.
+const DEFAULT_MEMORY_BUDGET: usize = 256 * 1024 * 1024;
+
 /// How an inbox consumer runs. Every setting has a default except consumer, brokers, topics;
 /// [`Inbox::new`](super::Inbox::new) refuses values that cannot work with
 /// [`Error::Config`] naming the setting. Its `Debug` redacts secrets among the Kafka
@@ -34,6 +37,7 @@ pub struct InboxConfig {
     pub(crate) batch_wait: Duration,
     pub(crate) batch_timeout: Duration,
     pub(crate) buffer_per_partition: usize,
+    pub(crate) memory_budget: usize,
     pub(crate) commit_interval: Duration,
     pub(crate) operator_poll_interval: Duration,
     pub(crate) shutdown_timeout: Duration,
@@ -57,6 +61,7 @@ impl std::fmt::Debug for InboxConfig {
             .field("max_attempts", &self.max_attempts)
             .field("queue_per_partition", &self.queue_per_partition)
             .field("buffer_per_partition", &self.buffer_per_partition)
+            .field("memory_budget", &self.memory_budget)
             .field("commit_interval", &self.commit_interval)
             .field("operator_poll_interval", &self.operator_poll_interval)
             .field("batch_size", &self.batch_size)
@@ -95,6 +100,7 @@ impl InboxConfig {
             batch_wait: Duration::ZERO,
             batch_timeout: Duration::from_secs(5),
             buffer_per_partition: 64 * 1024 * 1024,
+            memory_budget: DEFAULT_MEMORY_BUDGET,
             commit_interval: Duration::from_millis(500),
             operator_poll_interval: Duration::from_secs(2),
             shutdown_timeout: Duration::from_secs(30),
@@ -218,6 +224,22 @@ impl InboxConfig {
     #[must_use]
     pub fn buffer_per_partition(mut self, bytes: usize) -> Self {
         self.buffer_per_partition = bytes;
+        self
+    }
+
+    /// Bytes (keys, values and headers) of records the inbox may hold in all, across its
+    /// partitions, from receipt until their outcome: in workers' queues, in buffers and in
+    /// batches being applied. Past it, every partition a record arrives for is paused at
+    /// the broker unless it holds no more than its floor (an equal share of a quarter of
+    /// the budget), and resumed once the total is down to half or it is down to half its
+    /// floor: a partition whose records cannot be applied never stops the others.
+    /// librdkafka's prefetch, `queued.max.messages.kbytes`, is a quarter of it unless a
+    /// `kafka_setting` sets it: records in memory stay under 1.5 times the budget, plus the
+    /// records already received when a partition crossed its bound. Shown as the
+    /// `inbox_buffered_bytes` gauge. Between 1 MiB and 1 TiB. Default: 256 MiB.
+    #[must_use]
+    pub fn memory_budget(mut self, bytes: usize) -> Self {
+        self.memory_budget = bytes;
         self
     }
 
@@ -360,6 +382,11 @@ impl InboxConfig {
     pub fn get_buffer_per_partition(&self) -> usize {
         self.buffer_per_partition
     }
+
+    /// See [`InboxConfig::memory_budget`].
+    pub fn get_memory_budget(&self) -> usize {
+        self.memory_budget
+    }
     /// See [`InboxConfig::commit_interval`].
     pub fn get_commit_interval(&self) -> Duration {
         self.commit_interval
@@ -418,6 +445,12 @@ impl InboxConfig {
             return Err(Error::Config(format!(
                 "inbox setting buffer_per_partition is {} bytes: it must be between 1 KiB and 1 TiB",
                 self.buffer_per_partition
+            )));
+        }
+        if !(1 << 20..=1 << 40).contains(&self.memory_budget) {
+            return Err(Error::Config(format!(
+                "inbox setting memory_budget is {} bytes: it must be between 1 MiB and 1 TiB",
+                self.memory_budget
             )));
         }
         for key in self.kafka.keys() {

@@ -9,6 +9,8 @@
 //!   buffer holds `buffer_per_partition` bytes the partition is paused at the broker, so
 //!   memory stays bounded; a worker that takes a record wakes the loop, which refills the
 //!   queue from the buffer and resumes the partition once half is left ([invariant 11](crate::guarantees#i11));
+//!   and when all partitions together hold `memory_budget` bytes, every partition a record
+//!   arrives for is paused, until the total is down to half or the partition holds nothing;
 //! - a worker reports the next offset to commit after each outcome; the loop commits those
 //!   of partitions it owns, and a revoke commits the revoked partitions' finished offsets
 //!   synchronously before the revoke completes, stops their workers and drops their queued
@@ -20,11 +22,11 @@ mod context;
 mod receive;
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::inbox::message::Received;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::OwnedMessage;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc::{self};
 use tokio::sync::Notify;
@@ -38,10 +40,12 @@ type Place = (String, i32);
 /// One owned partition.
 struct Partition {
     generation: u64,
-    queue: Option<mpsc::Sender<OwnedMessage>>,
-    overflow: VecDeque<OwnedMessage>,
+    queue: Option<mpsc::Sender<Received>>,
+    overflow: VecDeque<Received>,
     /// Bytes of the records in `overflow`.
     overflow_bytes: usize,
+    /// Bytes of all its records the inbox holds (see [`crate::inbox::budget`]).
+    held: Arc<AtomicUsize>,
     paused: Arc<AtomicBool>,
     stop: CancellationToken,
     /// The next offset to commit (after the last record with an outcome, all earlier ones
@@ -66,6 +70,8 @@ pub(crate) struct Shared {
     room: Notify,
     /// Set with the first fatal error.
     failed: CancellationToken,
+    /// Bytes of all records the inbox holds (see [`crate::inbox::budget`]).
+    held: Arc<AtomicUsize>,
     /// The receive loop runs: a revoke commits finished offsets only then (a `run()`
     /// future dropped without cancelling commits nothing more, like a crash; a graceful
     /// stop commits them itself).

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use futures_util::FutureExt;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{ClientConfig, TopicPartitionList};
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::sync::Notify;
@@ -20,10 +19,15 @@ use tracing::{debug, info, warn};
 
 use super::{commit, InboxContext, Live, Partition, Shared};
 use crate::error::{Error, Result};
+use crate::inbox::budget::Charge;
 use crate::inbox::cleanup::cleanup_loop;
+use crate::inbox::message::Received;
 use crate::inbox::retention::{self, RetentionVerdict};
 use crate::inbox::worker::{panic_text, Worker, WARN_EVERY};
 use crate::inbox::Inbox;
+
+/// How often paused partitions are looked at for resuming, at least.
+const RESUME_EVERY: Duration = Duration::from_millis(100);
 
 impl Inbox {
     fn kafka_consumer(&self, shared: Arc<Shared>) -> Result<StreamConsumer<InboxContext>> {
@@ -34,6 +38,13 @@ impl Inbox {
             .set("session.timeout.ms", "10000")
             // Statistics carry the consumer lag per partition (the inbox_consumer_lag gauge).
             .set("statistics.interval.ms", "5000");
+        // librdkafka's prefetch is a quarter of the memory budget (within what librdkafka
+        // takes: 1 KiB to 2 GiB), unless a kafka_setting sets it.
+        let prefetch_kib = (self.config.memory_budget / 4 / 1024).clamp(1, 2_097_151);
+        config.set("queued.max.messages.kbytes", prefetch_kib.to_string());
+        // A partition resumed after a pause is fetched again within 100 ms rather than after
+        // librdkafka's 1 s backoff for a full prefetch queue, which a small budget hits.
+        config.set("fetch.queue.backoff.ms", "100");
         for (k, v) in &self.config.kafka {
             config.set(k, v);
         }
@@ -53,6 +64,7 @@ impl Inbox {
             state: Mutex::default(),
             room: Notify::new(),
             failed: CancellationToken::new(),
+            held: Arc::default(),
             live: AtomicBool::new(true),
         });
         let consumer = self.kafka_consumer(shared.clone())?;
@@ -84,6 +96,10 @@ impl Inbox {
 
         let mut tick = tokio::time::interval(self.config.commit_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Partitions paused for the memory budget are resumed by what their workers finish,
+        // which wakes nothing: looked at this often, whatever the commit interval.
+        let mut resume_tick = tokio::time::interval(RESUME_EVERY);
+        resume_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_receive_warning: Option<Instant> = None;
         let outcome = loop {
             tokio::select! {
@@ -91,16 +107,20 @@ impl Inbox {
                 () = shutdown.cancelled() => break Ok(()),
                 () = shared.failed.cancelled() => break Err(Error::Inbox(shared.fatal())),
                 () = shared.room.notified() => self.refill(&consumer, &shared),
+                _ = resume_tick.tick() => self.refill(&consumer, &shared),
                 _ = tick.tick() => {
                     self.refill(&consumer, &shared);
                     commit(&consumer, &shared, CommitMode::Async, false);
                     #[allow(clippy::cast_precision_loss)]
                     metrics::gauge!(crate::metrics::INBOX_PAUSED, "consumer" => self.config.consumer.clone())
                         .set(shared.paused_count() as f64);
+                    #[allow(clippy::cast_precision_loss)]
+                    metrics::gauge!(crate::metrics::INBOX_BUFFERED, "consumer" => self.config.consumer.clone())
+                        .set(shared.held.load(Ordering::Relaxed) as f64);
                 }
                 received = consumer.recv() => match received {
                     Ok(message) => {
-                        let message = message.detach();
+                        let message = Received::read(&message);
                         self.dispatch(&consumer, &shared, &tracker, &stop_all, &abandon, message);
                     }
                     Err(KafkaError::PartitionEOF(_)) => {}
@@ -130,7 +150,8 @@ impl Inbox {
     }
 
     /// Hands `message` to its partition's worker without waiting: when the worker's queue
-    /// is full the record waits in the partition's overflow and the partition is paused.
+    /// is full the record waits in the partition's overflow, and the partition is paused
+    /// when that overflow or everything the inbox holds is past its bound.
     fn dispatch(
         &self,
         consumer: &StreamConsumer<InboxContext>,
@@ -138,11 +159,12 @@ impl Inbox {
         tracker: &TaskTracker,
         stop_all: &CancellationToken,
         abandon: &CancellationToken,
-        message: OwnedMessage,
+        mut message: Received,
     ) {
         let place = (message.topic().to_owned(), message.partition());
         let mut guard = shared.lock();
         let state = &mut *guard;
+        let floor = self.floor(state.partitions.len() + usize::from(!state.partitions.contains_key(&place)));
         let partition = state.partitions.entry(place.clone()).or_insert_with(|| {
             state.generation += 1;
             let (tx, rx) = mpsc::channel(self.config.queue_per_partition);
@@ -176,26 +198,34 @@ impl Inbox {
                 queue: Some(tx),
                 overflow: VecDeque::new(),
                 overflow_bytes: 0,
+                held: Arc::default(),
                 paused: Arc::new(AtomicBool::new(false)),
                 stop,
                 finished: None,
                 committed: None,
             }
         });
-        let message = if partition.overflow.is_empty() {
-            match partition.queue.as_ref().map(|q| q.try_send(message)) {
-                Some(Ok(())) => return,
-                Some(Err(TrySendError::Full(m) | TrySendError::Closed(m))) => m,
-                None => return, // stopping
+        let size = message.size();
+        message.charge(Charge::new(&shared.held, &partition.held, size));
+        let leftover = if partition.overflow.is_empty() {
+            let Some(queue) = partition.queue.as_ref() else { return }; // stopping
+            match queue.try_send(message) {
+                Ok(()) => None,
+                Err(TrySendError::Full(m) | TrySendError::Closed(m)) => Some(m),
             }
         } else {
-            message
+            Some(message)
         };
-        partition.overflow_bytes += size_of(&message);
-        partition.overflow.push_back(message);
-        // Pausing costs a fetch again on resume: only past the memory bound.
-        let newly_paused = partition.overflow_bytes >= self.config.buffer_per_partition
-            && !partition.paused.swap(true, Ordering::Relaxed);
+        if let Some(message) = leftover {
+            partition.overflow_bytes += size;
+            partition.overflow.push_back(message);
+        }
+        // Pausing costs a fetch again on resume: only past a memory bound. Past the budget,
+        // a partition holding no more than its floor goes on.
+        let over = partition.overflow_bytes >= self.config.buffer_per_partition
+            || (shared.held.load(Ordering::Relaxed) > self.config.memory_budget
+                && partition.held.load(Ordering::Relaxed) > floor);
+        let newly_paused = over && !partition.paused.swap(true, Ordering::Relaxed);
         drop(guard);
         if newly_paused {
             let mut list = TopicPartitionList::new();
@@ -208,16 +238,25 @@ impl Inbox {
         }
     }
 
+    /// What each of `partitions` may hold whatever the total: an equal share of a quarter
+    /// of the memory budget. The floors add up to a quarter of it, so everything held
+    /// stays under 1.25 times the budget (plus the records already received when a
+    /// partition crossed its bound).
+    fn floor(&self, partitions: usize) -> usize {
+        self.config.memory_budget / 4 / partitions.max(1)
+    }
+
     /// Moves overflowed records into their workers' queues and resumes paused partitions
     /// whose overflow is down to half the queue's size.
     fn refill(&self, consumer: &StreamConsumer<InboxContext>, shared: &Shared) {
         let mut resume = TopicPartitionList::new();
         {
             let mut state = shared.lock();
+            let floor = self.floor(state.partitions.len());
             for (place, p) in &mut state.partitions {
                 let Some(queue) = &p.queue else { continue };
                 while let Some(message) = p.overflow.pop_front() {
-                    let size = size_of(&message);
+                    let size = message.size();
                     match queue.try_send(message) {
                         Ok(()) => p.overflow_bytes = p.overflow_bytes.saturating_sub(size),
                         Err(TrySendError::Full(m) | TrySendError::Closed(m)) => {
@@ -227,8 +266,14 @@ impl Inbox {
                     }
                 }
                 // Resumed while half the buffer still holds work for the worker, so that
-                // fetching again (a round trip or more) does not leave it idle.
+                // fetching again (a round trip or more) does not leave it idle; and once
+                // everything held is down to half the budget, or this partition is down to
+                // half its floor (the records of another that cannot be applied must not
+                // stop it for good).
+                let room = shared.held.load(Ordering::Relaxed) <= self.config.memory_budget / 2
+                    || p.held.load(Ordering::Relaxed) <= floor / 2;
                 if p.overflow_bytes <= self.config.buffer_per_partition / 2
+                    && room
                     && p.paused.load(Ordering::Relaxed)
                 {
                     p.paused.store(false, Ordering::Relaxed);
@@ -293,11 +338,4 @@ impl Inbox {
                   "the Kafka consumer did not close within the shutdown timeout; left closing in the background");
         }
     }
-}
-
-/// What a record weighs in a partition's buffer: key, value, headers and bookkeeping.
-fn size_of(message: &OwnedMessage) -> usize {
-    use rdkafka::message::Headers;
-    let headers = message.headers().map_or(0, |h| h.count() * 64);
-    message.key().map_or(0, <[u8]>::len) + message.payload().map_or(0, <[u8]>::len) + headers + 256
 }

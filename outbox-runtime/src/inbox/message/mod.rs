@@ -6,14 +6,15 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::panic::AssertUnwindSafe;
 
-use rdkafka::message::{Headers, Message, OwnedMessage};
+use rdkafka::message::{BorrowedMessage, Message};
 use serde_json::{json, Value};
 
+use super::budget::Charge;
 use super::handler::Meta;
 
 mod cloudevents;
+mod native;
 
 #[cfg(test)]
 use self::cloudevents::version_in_dataschema;
@@ -24,8 +25,8 @@ use self::cloudevents::{read_meta, Parts};
 /// (PostgreSQL's B-tree rows hold about 2,700 bytes).
 pub(crate) const MAX_IDENTIFIER_BYTES: usize = 1000;
 
-/// One header as it came: name and value bytes. `name` is `None` when it could not be
-/// read at all (rdkafka panics on names that are not UTF-8; the bytes are out of reach).
+/// One header as it came: name and value bytes. `name` is `None` only in rows parked by
+/// earlier versions, which could not read names that are not UTF-8.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RawHeader {
     pub(crate) name: Option<Vec<u8>>,
@@ -51,6 +52,8 @@ pub(crate) struct Incoming {
     pub(crate) raw_headers: Vec<RawHeader>,
     /// The event's metadata, or why the record is not a readable event.
     pub(crate) meta: Result<Meta, String>,
+    /// Its bytes, counted against the memory budget while any copy of it lives.
+    pub(crate) charge: Option<std::sync::Arc<Charge>>,
 }
 
 /// `bytes` as text PostgreSQL can store: UTF-8 without NUL.
@@ -162,32 +165,70 @@ fn text_headers(raw: &[RawHeader]) -> (BTreeMap<String, String>, Vec<String>) {
     (headers, problems)
 }
 
-impl Incoming {
-    /// Reads a consumed record. Header names that are not UTF-8 make rdkafka panic (its
-    /// `Headers::try_get` unwraps `CStr::to_str`): each header is read under a panic guard
-    /// and such a header is recorded as unreadable.
-    pub(crate) fn read(message: &OwnedMessage) -> Incoming {
-        let mut raw_headers = Vec::new();
-        if let Some(hs) = message.headers() {
-            for index in 0..hs.count() {
-                let read = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    hs.try_get(index).map(|h| (h.key.as_bytes().to_vec(), h.value.map(<[u8]>::to_vec)))
-                }));
-                match read {
-                    Ok(Some((name, value))) => raw_headers.push(RawHeader { name: Some(name), value }),
-                    Ok(None) => {}
-                    Err(_) => raw_headers.push(RawHeader { name: None, value: None }),
-                }
-            }
+/// A consumed record as the inbox keeps it until a worker reads it: detached from the
+/// consumer, every byte as it came.
+#[derive(Debug)]
+pub(crate) struct Received {
+    topic: String,
+    partition: i32,
+    offset: i64,
+    key: Option<Vec<u8>>,
+    payload: Option<Vec<u8>>,
+    headers: Vec<RawHeader>,
+    charge: Option<Charge>,
+}
+
+impl Received {
+    /// Copies `message` out of the consumer: headers through librdkafka's C API (names of
+    /// any bytes; see [`native`]), never through rdkafka's `Headers`, which panics on a name
+    /// that is not UTF-8.
+    pub(crate) fn read(message: &BorrowedMessage<'_>) -> Received {
+        Received {
+            topic: message.topic().to_owned(),
+            partition: message.partition(),
+            offset: message.offset(),
+            key: message.key().map(<[u8]>::to_vec),
+            payload: message.payload().map(<[u8]>::to_vec),
+            headers: native::headers(message),
+            charge: None,
         }
-        Incoming::new(
-            message.topic(),
-            message.partition(),
-            message.offset(),
-            message.key().map(<[u8]>::to_vec),
-            message.payload().map(<[u8]>::to_vec),
-            raw_headers,
-        )
+    }
+
+    /// Counts the record against the memory budget from now until its outcome.
+    pub(crate) fn charge(&mut self, charge: Charge) {
+        self.charge = Some(charge);
+    }
+
+    pub(crate) fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    pub(crate) fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    /// What the record weighs in a buffer: its bytes and a fixed amount of bookkeeping.
+    pub(crate) fn size(&self) -> usize {
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|h| h.name.as_ref().map_or(0, Vec::len) + h.value.as_ref().map_or(0, Vec::len) + 64)
+            .sum();
+        self.topic.len()
+            + self.key.as_ref().map_or(0, Vec::len)
+            + self.payload.as_ref().map_or(0, Vec::len)
+            + headers
+            + 256
+    }
+}
+
+impl Incoming {
+    /// Reads a received record.
+    pub(crate) fn read(record: Received) -> Incoming {
+        let Received { topic, partition, offset, key, payload, headers, charge } = record;
+        let mut incoming = Incoming::new(&topic, partition, offset, key, payload, headers);
+        incoming.charge = charge.map(std::sync::Arc::new);
+        incoming
     }
 
     /// A record from its parts; `payload` `None` is a null value.
@@ -225,6 +266,7 @@ impl Incoming {
             headers,
             raw_headers,
             meta,
+            charge: None,
         }
     }
 
