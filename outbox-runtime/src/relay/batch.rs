@@ -332,6 +332,7 @@ impl Sender<'_> {
                 if !purged.swap(true, Ordering::Relaxed) {
                     warn!(relay_id = %self.relay_id, stage = "publish", timeout = ?self.config.message_timeout,
                           "batch not acknowledged within the message timeout; purging the producer's queue");
+                    metrics::counter!(crate::metrics::PURGES, "why" => "deadline").increment(1);
                     publish::purge(self.producer, true).await;
                 }
                 // A record enqueued just after that purge (by a chain that checked the
@@ -342,6 +343,7 @@ impl Sender<'_> {
                         Err(_) => {
                             warn!(relay_id = %self.relay_id, stage = "publish", purges,
                                   "a record outlived the batch's purge; purging again");
+                            metrics::counter!(crate::metrics::PURGES, "why" => "again").increment(1);
                             publish::purge(self.producer, true).await;
                         }
                     }
