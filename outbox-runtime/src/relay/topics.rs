@@ -353,6 +353,51 @@ fn round(d: Duration) -> Duration {
 mod tests {
     use super::*;
 
+    /// The relays' missing-topic clock is in the database. A database that fails (here the
+    /// table is not there) or does not answer (here its table is locked) must neither hold
+    /// up the batch past its budget nor stop a missing topic from being counted: the relay
+    /// counts from its own answers then, and fails the event on time.
+    #[sqlx::test(migrations = false)]
+    async fn a_shared_clock_that_fails_or_stalls_falls_back_to_the_relays_own_answers(pool: sqlx::PgPool) {
+        let mock = rdkafka::mocking::MockCluster::new(1).expect("mock cluster");
+        let settings = [("allow.auto.create.topics".to_owned(), "false".to_owned())].into();
+        let producer =
+            crate::relay::publish::producer(&mock.bootstrap_servers(), &settings).expect("producer");
+        let timeout = Duration::from_secs(1);
+
+        let gone = Names::new("public", "never_migrated").expect("names");
+        let mut topics = Topics::new(timeout, Some(SharedClock::new(pool.clone(), &gone)));
+        topics.check(&producer, ["absent"], Duration::from_secs(5)).await;
+        assert!(matches!(topics.verdict("absent"), Verdict::Wait { .. }), "{:?}", topics.verdict("absent"));
+        tokio::time::sleep(RECHECK_MISSING).await;
+        topics.check(&producer, ["absent"], Duration::from_secs(5)).await;
+        assert!(
+            matches!(topics.verdict("absent"), Verdict::Fail(_)),
+            "missing for the timeout by this relay's own answers: {:?}",
+            topics.verdict("absent")
+        );
+
+        let outbox = crate::Outbox::new(crate::OutboxConfig::default()).expect("config");
+        outbox.migrator().run(&pool).await.expect("migrate");
+        let mut locker = pool.begin().await.expect("begin");
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+            outbox.names().topics
+        )))
+        .execute(&mut *locker)
+        .await
+        .expect("lock");
+        let mut topics = Topics::new(timeout, Some(SharedClock::new(pool.clone(), outbox.names())));
+        let budget = Duration::from_secs(2);
+        let started = Instant::now();
+        tokio::time::timeout(Duration::from_secs(30), topics.check(&producer, ["absent"], budget))
+            .await
+            .expect("a stalled clock does not hold the batch");
+        assert!(started.elapsed() < budget * 3, "held {:?} for a budget of {budget:?}", started.elapsed());
+        assert!(matches!(topics.verdict("absent"), Verdict::Wait { .. }), "{:?}", topics.verdict("absent"));
+        locker.rollback().await.expect("rollback");
+    }
+
     #[test]
     fn a_missing_topic_waits_then_fails_on_fresh_answers_and_an_existing_one_sends() {
         let mut topics = Topics::new(Duration::from_secs(60), None);
