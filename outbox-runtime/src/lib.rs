@@ -116,6 +116,8 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test"
 pub use error::{Error, Result};
 pub use event::OutboxEvent;
 #[cfg(feature = "runtime")]
+pub use migrate::InvalidIndex;
+#[cfg(feature = "runtime")]
 pub use outbox::{Capacity, Outbox, OutboxConfig};
 #[cfg(feature = "derive")]
 pub use outbox_macros::OutboxEvent;

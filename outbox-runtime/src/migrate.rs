@@ -31,7 +31,47 @@ impl Outbox {
         // Migration 10's table: relays share the missing-topic clock through it.
         let sql = format!("SELECT 1 FROM {} LIMIT 0", names.topics);
         let missing = format!("no table {}, of migration 10", names.topics);
-        behind(sqlx::query(AssertSqlSafe(sql)).execute(pool).await, ("42P01", missing), names, Error::from)
+        behind(sqlx::query(AssertSqlSafe(sql)).execute(pool).await, ("42P01", missing), names, Error::from)?;
+        // Correct without them, but slow: said at every start until rebuilt.
+        for index in self.invalid_indexes(pool).await? {
+            tracing::warn!(table = %names.outbox, index = %index.name, fix = %index.rebuild,
+                           "an index of the outbox is invalid (a concurrent build failed): claims walk the table until it is rebuilt");
+        }
+        Ok(())
+    }
+
+    /// The outbox table's indexes that PostgreSQL marks invalid, each with the statement
+    /// that rebuilds it; `outbox migrate` and every relay's start report them.
+    ///
+    /// A `CREATE INDEX CONCURRENTLY` that fails or is cancelled (a deadlock, a statement
+    /// timeout, a killed session) leaves its index behind, invalid: the migration is not
+    /// recorded, and its next run (`IF NOT EXISTS`) finds the index and is recorded as
+    /// applied. Writes still maintain such an index but no query reads it, so the claims it
+    /// was built for walk the table instead: correct, and slow.
+    ///
+    /// # Errors
+    /// [`Error::Database`] if the catalog cannot be read.
+    pub async fn invalid_indexes(&self, pool: &sqlx::PgPool) -> Result<Vec<InvalidIndex>> {
+        let names = self.names();
+        let rows: Vec<(String,)> = sqlx::query_as(
+            "SELECT c.relname::text FROM pg_index i \
+             JOIN pg_class c ON c.oid = i.indexrelid \
+             JOIN pg_class t ON t.oid = i.indrelid \
+             JOIN pg_namespace n ON n.oid = t.relnamespace \
+             WHERE n.nspname = $1 AND t.relname = $2 AND NOT i.indisvalid ORDER BY 1",
+        )
+        .bind(&names.schema)
+        .bind(&names.table)
+        .fetch_all(pool)
+        .await?;
+        let quote = |name: &str| format!("\"{}\"", name.replace('"', "\"\""));
+        Ok(rows
+            .into_iter()
+            .map(|(name,)| InvalidIndex {
+                rebuild: format!("REINDEX INDEX CONCURRENTLY {}.{}", quote(&names.schema), quote(&name)),
+                name,
+            })
+            .collect())
     }
 
     async fn check_tables(&self, pool: &sqlx::PgPool, tables: &[&String]) -> Result<()> {
@@ -55,6 +95,17 @@ impl Outbox {
         migrator.dangerous_set_table_name(names.sibling("migrations"));
         migrator
     }
+}
+
+/// An index of the outbox table that PostgreSQL marks invalid: see
+/// [`Outbox::invalid_indexes`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InvalidIndex {
+    /// The index's name, in the outbox's schema.
+    pub name: String,
+    /// The statement that rebuilds it without blocking writes.
+    pub rebuild: String,
 }
 
 /// A check's `result`: `Ok` when it ran, [`Error::MigrationsBehind`] saying `missing` when

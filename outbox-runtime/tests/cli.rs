@@ -357,3 +357,49 @@ async fn relay_serves_prometheus_metrics_and_stops_on_sigterm(pool: PgPool) {
         3
     );
 }
+
+/// A concurrent index build that fails (here a lock timeout while it waits for a writer's
+/// transaction) leaves its index behind, invalid, and the migration's next run
+/// (`IF NOT EXISTS`) is recorded as applied: the index stays unused for ever. `outbox
+/// migrate` names it with the statement that rebuilds it and exits 1 until it is rebuilt.
+#[sqlx::test(migrations = false)]
+async fn migrate_names_an_index_a_failed_concurrent_build_left_invalid(pool: PgPool) {
+    let out = outbox_cli(&pool, &["migrate"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // Migration 7 (the index of fresh events) taken back, then run again while a writer's
+    // transaction is open: the build waits for it, and gives up at the lock timeout.
+    sqlx::query("DROP INDEX outbox_fresh").execute(&pool).await.expect("drop");
+    sqlx::query("DELETE FROM outbox_migrations WHERE version = 7").execute(&pool).await.expect("forget");
+    let mut writer = pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE outbox IN ROW EXCLUSIVE MODE").execute(&mut *writer).await.expect("lock");
+    let impatient = format!("{}?options=-c%20lock_timeout%3D300", database_url(&pool));
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["--database-url", &impatient, "migrate"])
+        .output()
+        .expect("run");
+    assert_ne!(out.status.code(), Some(0), "the build waits for the writer and times out: {out:?}");
+    writer.rollback().await.expect("rollback");
+    let valid: Option<bool> =
+        sqlx::query_scalar("SELECT indisvalid FROM pg_index WHERE indexrelid = 'outbox_fresh'::regclass")
+            .fetch_optional(&pool)
+            .await
+            .expect("index");
+    assert_eq!(valid, Some(false), "the failed build left its index, invalid");
+
+    let out = outbox_cli(&pool, &["migrate"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let rebuild = "REINDEX INDEX CONCURRENTLY \"public\".\"outbox_fresh\"";
+    assert!(stderr.contains("index outbox_fresh is invalid") && stderr.contains(rebuild), "{stderr}");
+    let applied: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_migrations WHERE version = 7 AND success)")
+            .fetch_one(&pool)
+            .await
+            .expect("applied");
+    assert!(applied, "the migration itself is recorded: running it again cannot repair the index");
+
+    sqlx::query(rebuild).execute(&pool).await.expect("rebuild");
+    let out = outbox_cli(&pool, &["migrate"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(stdout(&out).contains("up to date"), "{out:?}");
+}

@@ -45,7 +45,23 @@ async fn dispatch(outbox: Outbox, pool: PgPool, url: &str, command: Command) -> 
     match command {
         Command::Migrate => {
             outbox.migrator().run(&pool).await.map_err(Error::from)?;
-            println!("outbox tables are up to date");
+            let invalid = outbox.invalid_indexes(&pool).await?;
+            if invalid.is_empty() {
+                println!("outbox tables are up to date");
+            } else {
+                // Migrated, but a concurrent index build failed before: running the
+                // migrations again cannot repair it.
+                for index in &invalid {
+                    eprintln!(
+                        "index {} is invalid (a concurrent build failed); rebuild it: {}",
+                        index.name, index.rebuild
+                    );
+                }
+                return Err(fail(
+                    1,
+                    "outbox tables are migrated, but an index is invalid: rebuild it as said above",
+                ));
+            }
         }
         Command::Relay(args) => return relay(outbox, pool, url, args).await,
         Command::Cdc(command) => return crate::cdc::command(&outbox, &pool, url, command).await,
