@@ -163,10 +163,16 @@ async fn standbys_take_the_slot_over_and_keep_the_order(pool: PgPool) {
         );
         let before = streaming().await;
         // Stop the one that streams: the one whose task still runs and that published.
-        let active = relays
-            .iter()
-            .position(|r| r.stats.batches() > 0 && !r.task.is_finished())
-            .expect("an active relay");
+        // The slot can be active before the relay holding it has sent its first batch
+        // (it took over at the end of the last round), so wait for that batch.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let active = loop {
+            if let Some(i) = relays.iter().position(|r| r.stats.batches() > 0 && !r.task.is_finished()) {
+                break i;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "round {round}: no relay published");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
         let stopped = relays.remove(active);
         stopped.task.abort();
         let _ = stopped.task.await;
