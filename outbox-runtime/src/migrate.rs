@@ -49,6 +49,12 @@ impl Outbox {
     /// applied. Writes still maintain such an index but no query reads it, so the claims it
     /// was built for walk the table instead: correct, and slow.
     ///
+    /// An index still being built is invalid too until its build ends (a relay starting
+    /// while `outbox migrate` runs, in a rolling deploy), and is not reported: builds listed
+    /// in `pg_stat_progress_create_index` are left out. That view shows another role's
+    /// builds only to members of that role or of `pg_read_all_stats`; to any other role, an
+    /// index another role is still building looks the same as one whose build failed.
+    ///
     /// # Errors
     /// [`Error::Database`] if the catalog cannot be read.
     pub async fn invalid_indexes(&self, pool: &sqlx::PgPool) -> Result<Vec<InvalidIndex>> {
@@ -58,7 +64,9 @@ impl Outbox {
              JOIN pg_class c ON c.oid = i.indexrelid \
              JOIN pg_class t ON t.oid = i.indrelid \
              JOIN pg_namespace n ON n.oid = t.relnamespace \
-             WHERE n.nspname = $1 AND t.relname = $2 AND NOT i.indisvalid ORDER BY 1",
+             WHERE n.nspname = $1 AND t.relname = $2 AND NOT i.indisvalid \
+               AND NOT EXISTS (SELECT 1 FROM pg_stat_progress_create_index b WHERE b.index_relid = i.indexrelid) \
+             ORDER BY 1",
         )
         .bind(&names.schema)
         .bind(&names.table)

@@ -403,3 +403,48 @@ async fn migrate_names_an_index_a_failed_concurrent_build_left_invalid(pool: PgP
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(stdout(&out).contains("up to date"), "{out:?}");
 }
+
+/// An index still being built is invalid until its build ends, and is not reported as a
+/// failed build: a relay starting (or `outbox migrate` run) while another session builds
+/// one, in a rolling deploy, gets no false alarm. Before the fix `migrate` exited 1 here.
+#[sqlx::test(migrations = false)]
+async fn migrate_says_nothing_of_an_index_still_being_built(pool: PgPool) {
+    let out = outbox_cli(&pool, &["migrate"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    sqlx::query("DROP INDEX outbox_fresh").execute(&pool).await.expect("drop");
+    // A writer's open transaction keeps the build waiting, its index created and invalid.
+    let mut writer = pool.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE outbox IN ROW EXCLUSIVE MODE").execute(&mut *writer).await.expect("lock");
+    let builder = pool.clone();
+    let build = tokio::spawn(async move {
+        sqlx::query(
+            "CREATE INDEX CONCURRENTLY outbox_fresh ON outbox (id) INCLUDE (work_partition) \
+             WHERE status = 'pending' AND next_attempt_at = '-infinity'",
+        )
+        .execute(&builder)
+        .await
+    });
+    let mut waiting = false;
+    for _ in 0..200 {
+        waiting = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_stat_progress_create_index b \
+                            ON b.index_relid = i.indexrelid \
+                            WHERE i.indexrelid = 'outbox_fresh'::regclass AND NOT i.indisvalid)",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap_or(false);
+        if waiting {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(waiting, "the build waits for the writer, its index invalid");
+    let out = outbox_cli(&pool, &["migrate"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("invalid"), "{out:?}");
+    writer.rollback().await.expect("rollback");
+    build.await.expect("join").expect("the build finishes once the writer is gone");
+    let out = outbox_cli(&pool, &["migrate"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}

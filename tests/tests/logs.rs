@@ -92,3 +92,56 @@ async fn the_payload_never_reaches_the_logs(pool: PgPool) {
         assert!(failure.contains(&field), "{field} missing from: {failure}");
     }
 }
+
+/// A relay starting on an outbox whose index a failed concurrent build left invalid says
+/// so, with the statement that rebuilds it, and still publishes (correct, only slower).
+#[sqlx::test(migrations = false)]
+async fn a_relay_starting_on_an_invalid_index_says_how_to_rebuild_it(pool: PgPool) {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let kafka = Kafka::mock();
+    kafka.create_topic("outbox-test-steps", 1).await;
+    let outbox = migrate(&pool).await;
+    // What a failed `CREATE INDEX CONCURRENTLY` leaves: the index, maintained by writes,
+    // read by no query.
+    sqlx::query("UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'outbox_fresh'::regclass")
+        .execute(&pool)
+        .await
+        .expect("invalidate");
+    let event = NewEvent::new(&Step { id: "slow".into(), n: 1, data: "x".into() }, AppendOptions::default())
+        .expect("event");
+    let mut tx = pool.begin().await.expect("begin");
+    outbox.append_batch(&mut tx, &[event]).await.expect("append");
+    tx.commit().await.expect("commit");
+
+    let relay = Relay::new(pool.clone(), outbox, RelayConfig::new(kafka.bootstrap())).expect("relay");
+    let stop = CancellationToken::new();
+    let run = relay.run(stop.clone());
+    let check = async {
+        assert!(
+            eventually(Duration::from_secs(30), || async { rows_in(&pool, "published").await == 1 }).await,
+            "published without the index"
+        );
+        stop.cancel();
+    };
+    let (result, ()) = tokio::join!(run, check);
+    result.expect("relay");
+
+    let logs = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf-8");
+    let warning = logs
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("index=outbox_fresh"))
+        .unwrap_or_else(|| panic!("no warning of the invalid index:\n{logs}"));
+    assert!(warning.contains(r#"fix=REINDEX INDEX CONCURRENTLY "public"."outbox_fresh""#), "{warning}");
+    sqlx::query("UPDATE pg_index SET indisvalid = true WHERE indexrelid = 'outbox_fresh'::regclass")
+        .execute(&pool)
+        .await
+        .expect("restore");
+}
