@@ -213,3 +213,55 @@ async fn a_partition_holding_the_whole_budget_does_not_stop_the_others(pool: PgP
     assert!(applied, "partition 1 applied {held} of 100 credits while partition 0 held the budget");
     assert!(all, "everything applied once partition 0's handler goes on: {counts:?}");
 }
+
+/// A partition paused for the budget is resumed once its worker is done, by the loop's
+/// own 100 ms look, when nothing else wakes the loop: its records all fitted in the
+/// worker's queue (none wait in its overflow, so a worker taking one signals nothing) and
+/// the commit tick is an hour away. Seen failing with that look taken out: the records
+/// after the pause never came.
+#[sqlx::test(migrations = false)]
+async fn a_partition_paused_for_the_budget_resumes_with_no_commit_tick(pool: PgPool) {
+    use outbox_tests::inbox_kit::effects::{start, Ledger};
+    create_effects(&pool).await;
+    let kafka = Kafka::mock();
+    let topic = format!("resume-{}", Uuid::new_v4().simple());
+    kafka.create_topic(&topic, 1).await;
+    let producer = RawProducer::new(kafka.bootstrap());
+    let pad = "x".repeat(RECORD);
+    // 2 MiB of credits held by the handler against a budget of 1 MiB: paused after the
+    // third.
+    for n in 0..4 {
+        let value = format!(r#"{{"account":"slow","amount":{n},"pad":"{pad}"}}"#);
+        let headers = credit_headers(Uuid::now_v7(), Some("slow"), None);
+        producer.send(&topic, &RawRecord::text(0, "slow", value.as_bytes(), &headers));
+    }
+    producer.flush();
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let ledger = Ledger { gate: Some(gate.clone()), ..Ledger::default() };
+    let config = outbox_runtime::inbox::InboxConfig::new("resume", kafka.bootstrap(), [topic.clone()])
+        .memory_budget(MIB as usize)
+        .batch_timeout(Duration::from_secs(3600))
+        .commit_interval(Duration::from_secs(3600));
+    let running = start(&pool, config, &ledger).await;
+    let holding = eventually(Duration::from_secs(30), || async {
+        ledger.calls.load(std::sync::atomic::Ordering::SeqCst) >= 1
+    })
+    .await;
+    assert!(holding, "the first credit reached the handler");
+    // The next records arrive and cross the budget; then the handler goes on.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    gate.add_permits(1_000);
+    for n in 0..3 {
+        let value = format!(r#"{{"account":"after","amount":{n}}}"#);
+        let headers = credit_headers(Uuid::now_v7(), Some("after"), None);
+        producer.send(&topic, &RawRecord::text(0, "after", value.as_bytes(), &headers));
+    }
+    producer.flush();
+    let count = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM effects").fetch_one(&pool).await.expect("count")
+    };
+    let all = eventually(Duration::from_secs(30), || async { count().await == 7 }).await;
+    let applied = count().await;
+    running.shutdown().await;
+    assert!(all, "{applied} of 7 credits applied: the paused partition was not resumed");
+}
