@@ -173,8 +173,9 @@ async fn a_replay_with_a_relay_running_replays_each_row_exactly_once(pool: PgPoo
 /// Problem 7 of issue 12: reconcile read each count at its own moment, so a relay
 /// publishing, a consumer applying or a purge deleting meanwhile made its figures disagree
 /// with each other (rows counted twice, applied above published). Now the outbox is read
-/// in one snapshot and the inbox in that same snapshot (same database): on every run, the
-/// totals are exactly what was appended and every published event is accounted for once.
+/// in one snapshot (its published ids copied out of it) and the inbox after it: on every
+/// run, the totals are exactly what was appended and every published event is accounted
+/// for once.
 #[sqlx::test(migrations = false)]
 async fn reconcile_counts_one_moment_while_events_are_published_applied_and_purged(pool: PgPool) {
     const EVENTS: i64 = 20_000;
@@ -233,7 +234,7 @@ async fn reconcile_counts_one_moment_while_events_are_published_applied_and_purg
         let r = outbox.ops().reconcile(&pool, since, until, Some(&side)).await.expect("reconcile");
         runs += 1;
         let sum = |f: fn(&outbox_runtime::ops::ReconciliationRow) -> i64| r.rows.iter().map(f).sum::<i64>();
-        assert!(r.one_snapshot, "the inbox is in the same database: one snapshot");
+        assert!(!r.one_snapshot, "the published ids are copied: no snapshot held for the inbox");
         assert_eq!(sum(|r| r.appended), EVENTS, "run {runs}: each event counted once: {r:?}");
         assert_eq!(sum(|r| r.published) + sum(|r| r.unpublished), EVENTS, "run {runs}: {r:?}");
         for row in &r.rows {
@@ -299,6 +300,152 @@ async fn reconcile_with_the_inbox_in_another_database_reads_it_in_a_snapshot_of_
     other.close().await;
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {other_db}"))).execute(&pool).await.expect("drop");
     assert!(!r.one_snapshot, "{r:?}");
+    assert_eq!((r.rows[0].published, r.rows[0].applied, r.rows[0].not_applied), (10, Some(9), Some(1)));
+    assert_eq!(r.rows[0].not_applied_ids, [ids[0]]);
+}
+
+/// Reconcile holds no transaction open on the outbox's database while it checks the
+/// inbox: a snapshot held that long keeps vacuum from the outbox's dead rows (the hottest
+/// table). The inbox, in another database, is locked so that its check waits; meanwhile no
+/// session of the outbox's database but this test's is in a transaction. Before, the
+/// outbox's REPEATABLE READ transaction stayed open (idle in transaction, its snapshot
+/// held) until the last inbox lookup. The counts are still those of one snapshot.
+#[sqlx::test(migrations = false)]
+async fn reconcile_holds_no_outbox_transaction_while_it_checks_the_inbox(pool: PgPool) {
+    let outbox = migrate(&pool).await;
+    let other_db = format!("reconcile_other_{}", Uuid::new_v4().simple());
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {other_db}")))
+        .execute(&pool)
+        .await
+        .expect("create");
+    let url = format!("{}/{other_db}", outbox_tests::database_url(&pool).rsplit_once('/').expect("url").0);
+    let other = PgPool::connect(&url).await.expect("other database");
+    let config = InboxConfig::new("ledger", "127.0.0.1:1", [Deposit::TOPIC]);
+    let inbox = Inbox::new(other.clone(), config, Handlers::new().on::<Deposit, _>(Ledger)).expect("inbox");
+    inbox.migrator().run(&other).await.expect("inbox tables");
+    drop(inbox);
+    // 25,000 published events (more than one chunk of the inbox check), 24,990 applied.
+    let ids: Vec<Uuid> = sqlx::query_scalar(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, schema_version, topic, payload, \
+                             status, published_at) \
+         SELECT gen_random_uuid(), 'account', 'acc-' || (n % 50), 'test.deposit', 1, 'outbox-test-ops', '{}', \
+                'published', now() \
+         FROM generate_series(1, 25000) n RETURNING event_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("events");
+    sqlx::query(
+        "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset) \
+         SELECT 'ledger', id, 'test.deposit', 1, 'outbox-test-ops', 0, 0 FROM unnest($1::uuid[]) id",
+    )
+    .bind(&ids[10..])
+    .execute(&other)
+    .await
+    .expect("applied");
+    let mut lock = other.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE").execute(&mut *lock).await.expect("lock");
+
+    let side = InboxSide::new(other.clone(), "public", "inbox", "ledger").expect("side");
+    let hour = Duration::from_secs(3600);
+    let (since, until) = (SystemTime::now() - hour, SystemTime::now() + hour);
+    let reconciling = {
+        let (pool, outbox) = (pool.clone(), outbox.clone());
+        tokio::spawn(async move { outbox.ops().reconcile(&pool, since, until, Some(&side)).await })
+    };
+    let waiting = eventually(Duration::from_secs(30), || async {
+        sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() \
+                            AND wait_event_type = 'Lock' AND query LIKE '%inbox%')",
+        )
+        .fetch_one(&other)
+        .await
+        .expect("activity")
+    })
+    .await;
+    assert!(waiting, "the inbox check waits for the lock");
+    let in_transaction: Vec<(i32, String, String)> = sqlx::query_as(
+        "SELECT pid, coalesce(state, ''), left(query, 200) FROM pg_stat_activity \
+         WHERE datname = current_database() AND backend_type = 'client backend' \
+           AND pid <> pg_backend_pid() AND (xact_start IS NOT NULL OR backend_xmin IS NOT NULL)",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("activity");
+    lock.rollback().await.expect("unlock");
+    let r = reconciling.await.expect("join").expect("reconcile");
+    other.close().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {other_db}"))).execute(&pool).await.expect("drop");
+    assert!(
+        in_transaction.is_empty(),
+        "sessions of the outbox's database in a transaction: {in_transaction:?}"
+    );
+    assert_eq!(
+        (r.rows[0].published, r.rows[0].applied, r.rows[0].not_applied),
+        (25_000, Some(24_990), Some(10))
+    );
+    let mut listed = r.rows[0].not_applied_ids.clone();
+    listed.sort();
+    let mut expected = ids[..10].to_vec();
+    expected.sort();
+    assert_eq!(listed, expected);
+}
+
+/// Where the published ids cannot be copied out of the outbox's snapshot (here a role
+/// without the `TEMPORARY` privilege), reconcile reads the inbox in that same snapshot
+/// (same database) as before, and counts the same.
+#[sqlx::test(migrations = false)]
+async fn reconcile_without_a_temporary_table_reads_the_inbox_in_the_outboxs_snapshot(pool: PgPool) {
+    let outbox = migrate(&pool).await;
+    let config = InboxConfig::new("ledger", "127.0.0.1:1", [Deposit::TOPIC]);
+    let inbox = Inbox::new(pool.clone(), config, Handlers::new().on::<Deposit, _>(Ledger)).expect("inbox");
+    inbox.migrator().run(&pool).await.expect("inbox tables");
+    drop(inbox);
+    let ids: Vec<Uuid> = sqlx::query_scalar(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, schema_version, topic, payload, \
+                             status, published_at) \
+         SELECT gen_random_uuid(), 'account', 'acc', 'test.deposit', 1, 'outbox-test-ops', '{}', 'published', now() \
+         FROM generate_series(1, 10) RETURNING event_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("events");
+    sqlx::query(
+        "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset) \
+         SELECT 'ledger', id, 'test.deposit', 1, 'outbox-test-ops', 0, 0 FROM unnest($1::uuid[]) id",
+    )
+    .bind(&ids[1..])
+    .execute(&pool)
+    .await
+    .expect("applied");
+    let role = format!("no_temp_{}", Uuid::new_v4().simple());
+    let database: String =
+        sqlx::query_scalar("SELECT current_database()").fetch_one(&pool).await.expect("db");
+    for statement in [
+        format!("CREATE ROLE {role} LOGIN"),
+        format!("REVOKE TEMPORARY ON DATABASE \"{database}\" FROM PUBLIC"),
+        format!("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement)).execute(&pool).await.expect("role");
+    }
+    let options = (*pool.connect_options()).clone().username(&role);
+    let limited = PgPool::connect_with(options).await.expect("connect as the role");
+    let side = InboxSide::new(limited.clone(), "public", "inbox", "ledger").expect("side");
+    let hour = Duration::from_secs(3600);
+    let r = outbox
+        .ops()
+        .reconcile(&limited, SystemTime::now() - hour, SystemTime::now() + hour, Some(&side))
+        .await;
+    limited.close().await;
+    for statement in [
+        format!("GRANT TEMPORARY ON DATABASE \"{database}\" TO PUBLIC"),
+        format!("DROP OWNED BY {role}"),
+        format!("DROP ROLE {role}"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement)).execute(&pool).await.expect("drop role");
+    }
+    let r = r.expect("reconcile");
+    assert!(r.one_snapshot, "{r:?}");
     assert_eq!((r.rows[0].published, r.rows[0].applied, r.rows[0].not_applied), (10, Some(9), Some(1)));
     assert_eq!(r.rows[0].not_applied_ids, [ids[0]]);
 }

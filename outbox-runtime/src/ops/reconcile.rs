@@ -1,15 +1,20 @@
 //! Reconciliation: per event type and hour of creation, events appended, published and,
 //! given the consumer's database, applied; and the differences between them.
 //!
-//! Every count of the outbox comes from one snapshot (one `REPEATABLE READ` transaction),
-//! and every lookup in the inbox from one snapshot taken after it: a relay publishing or
-//! a cleanup deleting meanwhile cannot make the counts disagree with each other. When the
-//! inbox is in the same database, its transaction imports the outbox's snapshot, so both
-//! are read at one moment.
+//! Every count of the outbox comes from one snapshot (one `REPEATABLE READ` transaction): a
+//! relay publishing or a cleanup deleting meanwhile cannot make the counts disagree with
+//! each other. In that same snapshot, the published events' ids are copied into a
+//! temporary table of the session, and the transaction ends; the inbox is then checked
+//! against that copy, one chunk at a time, each lookup a statement of its own. No snapshot
+//! is held while the inbox is checked, however long that takes: a snapshot held open keeps
+//! vacuum from every dead row the relays leave in the outbox meanwhile. The inbox is read
+//! after the outbox's moment, so an event the consumer applied since counts as applied;
+//! nothing the outbox counted can be missed or counted twice.
 //!
-//! Costs: the outbox's transaction stays open while the inbox is checked (it holds back
-//! vacuum on the outbox for that long), and a reconciliation with the inbox in the same
-//! database holds two of its pool's connections at once.
+//! Where the copy cannot be made (a hot standby, a role without the `TEMPORARY` privilege
+//! on the database), the outbox's transaction stays open while the inbox is checked, as
+//! before: in the outbox's own snapshot when the inbox is in the same database
+//! ([`Reconciliation::one_snapshot`]), else in one taken just after.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::SystemTime;
@@ -106,10 +111,13 @@ pub struct Reconciliation {
     pub not_consumed: Vec<String>,
     /// Rows with a difference: unpublished events, or published events not applied.
     pub differences: usize,
-    /// Whether the inbox was read in the outbox's own snapshot (same database): then both
-    /// are counted at one moment. Otherwise the inbox is read just after the outbox. Either
-    /// way, an event published a moment before shows as not applied while the consumer has
-    /// not applied it yet (its lag): give `until` a little in the past to leave those out.
+    /// Whether the inbox was read in the outbox's own snapshot: only where the published
+    /// events could not be copied out of that snapshot (a hot standby, a role without the
+    /// `TEMPORARY` privilege) and the inbox is in the same database; that holds the
+    /// snapshot open while the inbox is checked. Otherwise the inbox is read after the
+    /// outbox, with no snapshot held. Either way, an event published a moment before shows
+    /// as not applied while the consumer has not applied it yet (its lag): give `until` a
+    /// little in the past to leave those out.
     pub one_snapshot: bool,
 }
 
@@ -119,6 +127,9 @@ async fn snapshot(pool: &PgPool) -> Result<Transaction<'static, Postgres>> {
     sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY").execute(&mut *tx).await?;
     Ok(tx)
 }
+
+/// The session's copy of the published events' ids: see the module's documentation.
+const COPY: &str = "pg_temp.outbox_reconcile";
 
 /// A snapshot of the inbox's database: the outbox's own when it can be imported there
 /// (same database), else a new one. Says which.
@@ -181,17 +192,33 @@ impl Ops {
                AND hour < to_timestamp($2) AT TIME ZONE 'UTC' GROUP BY 1, 2"
         );
         let mut rows: BTreeMap<(String, String), ReconciliationRow> = BTreeMap::new();
-        // The outbox's snapshot, exported for the inbox's transaction as its first statement
-        // (a later export could not tell a failure from the counts' own errors). Where it
-        // cannot be exported (a subtransaction, some proxies), a snapshot without.
-        let mut tx = snapshot(pool).await?;
+        // One connection throughout: the copy of the published ids is a temporary table of
+        // its session.
+        let mut conn = pool.acquire().await?;
+        let mut tx = {
+            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+            sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *tx).await?;
+            tx
+        };
+        // Copied in the counts' snapshot, before them (a failure to copy is told apart from
+        // the counts' own errors by its savepoint). Where the copy cannot be made, the
+        // outbox's snapshot is exported for the inbox's transaction instead (where it
+        // cannot be exported either, a subtransaction, some proxies: a snapshot without).
+        let mut copied = false;
         let mut exported = None;
         if inbox.is_some() {
-            match sqlx::query_scalar::<_, String>("SELECT pg_export_snapshot()").fetch_one(&mut *tx).await {
-                Ok(id) => exported = Some(id),
-                Err(_) => {
-                    tx.rollback().await?;
-                    tx = snapshot(pool).await?;
+            copied = copy_published(&mut tx, &self.names().outbox, since, until).await?;
+            if !copied {
+                match sqlx::query_scalar::<_, String>("SELECT pg_export_snapshot()").fetch_one(&mut *tx).await
+                {
+                    Ok(id) => exported = Some(id),
+                    Err(_) => {
+                        tx.rollback().await?;
+                        tx = sqlx::Connection::begin(&mut *conn).await?;
+                        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                            .execute(&mut *tx)
+                            .await?;
+                    }
                 }
             }
         }
@@ -225,10 +252,25 @@ impl Ops {
         let mut not_consumed = Vec::new();
         let mut one_snapshot = false;
         if let Some(inbox) = inbox {
-            let (mut inbox_tx, same) = inbox_snapshot(&inbox.pool, exported.as_deref()).await?;
-            one_snapshot = same;
-            let missing = self.not_in_inbox(&mut tx, &mut inbox_tx, since, until, inbox, &mut rows).await?;
-            inbox_tx.commit().await?;
+            let missing = if copied {
+                // The counts and the copy are of one snapshot; nothing more is read in it.
+                tx.commit().await?;
+                let missing = self.not_in_inbox(&mut conn, None, since, until, inbox, &mut rows).await;
+                // A copy left by a failure goes at the next reconcile of this session (or
+                // with the session).
+                sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS {COPY}")))
+                    .execute(&mut *conn)
+                    .await?;
+                tx = sqlx::Connection::begin(&mut *conn).await?;
+                missing?
+            } else {
+                let (mut inbox_tx, same) = inbox_snapshot(&inbox.pool, exported.as_deref()).await?;
+                one_snapshot = same;
+                let missing =
+                    self.not_in_inbox(&mut tx, Some(&mut inbox_tx), since, until, inbox, &mut rows).await?;
+                inbox_tx.commit().await?;
+                missing
+            };
             let types: BTreeSet<String> = rows.keys().map(|(event_type, _)| event_type.clone()).collect();
             for event_type in types {
                 let seen = rows.values().any(|r| {
@@ -258,22 +300,33 @@ impl Ops {
     }
 
     /// Sets `applied` on every row from the inbox and returns, per row, up to 20 published
-    /// event ids the inbox lacks.
+    /// event ids the inbox lacks. The published events are read from `outbox`: from the
+    /// session's copy of them when `inbox_tx` is `None` (the inbox then read one statement
+    /// at a time from its pool), else from the outbox in `outbox`'s transaction (the inbox
+    /// in `inbox_tx`).
     async fn not_in_inbox(
         &self,
-        outbox_tx: &mut PgConnection,
-        inbox_tx: &mut PgConnection,
+        outbox: &mut PgConnection,
+        mut inbox_tx: Option<&mut PgConnection>,
         since: f64,
         until: f64,
         inbox: &InboxSide,
         rows: &mut BTreeMap<(String, String), ReconciliationRow>,
     ) -> Result<BTreeMap<(String, String), Vec<Uuid>>> {
-        let page = format!(
-            "SELECT id, event_id, event_type, {HOUR} FROM {} \
-             WHERE status = 'published' AND created_at >= to_timestamp($1) AND created_at < to_timestamp($2) AND id > $3 \
-             ORDER BY id LIMIT $4",
-            self.names().outbox
-        );
+        let page = if inbox_tx.is_some() {
+            format!(
+                "SELECT id, event_id, event_type, {HOUR} FROM {} \
+                 WHERE status = 'published' AND created_at >= to_timestamp($1) AND created_at < to_timestamp($2) \
+                   AND id > $3 ORDER BY id LIMIT $4",
+                self.names().outbox
+            )
+        } else {
+            // The copy holds exactly these rows; `since` and `until` are ignored.
+            format!(
+                "SELECT id, event_id, event_type, hour FROM {COPY} \
+                 WHERE $1::float8 IS NOT NULL AND $2::float8 IS NOT NULL AND id > $3 ORDER BY id LIMIT $4"
+            )
+        };
         let found = format!(
             "SELECT event_id, outcome FROM {} WHERE consumer = $1 AND event_id = ANY($2)",
             inbox.names.inbox
@@ -291,18 +344,18 @@ impl Ops {
                 .bind(until)
                 .bind(after)
                 .bind(CHUNK)
-                .fetch_all(&mut *outbox_tx)
+                .fetch_all(&mut *outbox)
                 .await?;
             let Some(last) = chunk.last() else { break };
             after = last.0;
             let ids: Vec<Uuid> = chunk.iter().map(|c| c.1).collect();
-            let outcomes: BTreeMap<Uuid, String> = sqlx::query_as(AssertSqlSafe(found.as_str()))
-                .bind(&inbox.consumer)
-                .bind(&ids)
-                .fetch_all(&mut *inbox_tx)
-                .await?
-                .into_iter()
-                .collect();
+            let lookup = sqlx::query_as(AssertSqlSafe(found.as_str())).bind(&inbox.consumer).bind(&ids);
+            let outcomes: BTreeMap<Uuid, String> = match inbox_tx.as_deref_mut() {
+                Some(tx) => lookup.fetch_all(tx).await?,
+                None => lookup.fetch_all(&inbox.pool).await?,
+            }
+            .into_iter()
+            .collect();
             for (_, event_id, event_type, hour) in chunk {
                 let key = (event_type, hour);
                 if let Some(outcome) = outcomes.get(&event_id) {
@@ -323,5 +376,46 @@ impl Ops {
             }
         }
         Ok(missing)
+    }
+}
+
+/// In `tx`, copies the published events of `[since, until)` of `outbox` into the session's
+/// [`COPY`], keyed by id. `false`, with `tx` as it was, where a temporary table cannot be
+/// made (a hot standby, no `TEMPORARY` privilege): any other error is an error.
+async fn copy_published(tx: &mut PgConnection, outbox: &str, since: f64, until: f64) -> Result<bool> {
+    sqlx::query("SAVEPOINT reconcile_copy").execute(&mut *tx).await?;
+    let copy = async {
+        sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS {COPY}"))).execute(&mut *tx).await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "CREATE TEMPORARY TABLE {} (id bigint PRIMARY KEY, event_id uuid NOT NULL, \
+                                       event_type text NOT NULL, hour text NOT NULL)",
+            COPY.trim_start_matches("pg_temp.")
+        )))
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {COPY} SELECT id, event_id, event_type, {HOUR} FROM {outbox} \
+             WHERE status = 'published' AND created_at >= to_timestamp($1) AND created_at < to_timestamp($2)"
+        )))
+        .bind(since)
+        .bind(until)
+        .execute(&mut *tx)
+        .await
+    }
+    .await;
+    match copy {
+        Ok(_) => {
+            sqlx::query("RELEASE SAVEPOINT reconcile_copy").execute(&mut *tx).await?;
+            Ok(true)
+        }
+        // read_only_sql_transaction (a hot standby), insufficient_privilege (no TEMPORARY).
+        Err(e)
+            if e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "25006" || c == "42501") =>
+        {
+            sqlx::query("ROLLBACK TO SAVEPOINT reconcile_copy").execute(&mut *tx).await?;
+            sqlx::query("RELEASE SAVEPOINT reconcile_copy").execute(&mut *tx).await?;
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
     }
 }

@@ -194,11 +194,8 @@ pub(crate) fn reconciliation(result: &Reconciliation) {
         println!("{event_type}: none of its events is in the inbox; taken as not consumed (require it with --event-type)");
     }
     if result.rows.iter().any(|r| r.not_applied.unwrap_or(0) > 0) {
-        let moment = if result.one_snapshot {
-            "read at one moment"
-        } else {
-            "the inbox (another database) read just after the outbox"
-        };
+        let moment =
+            if result.one_snapshot { "read at one moment" } else { "the inbox read just after the outbox" };
         println!(
             "{moment}: events published a moment before show as not applied until the consumer applies them; \
              set --until a little in the past to leave them out"
