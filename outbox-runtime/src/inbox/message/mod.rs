@@ -33,6 +33,9 @@ pub(crate) struct RawHeader {
     pub(crate) value: Option<Vec<u8>>,
 }
 
+/// How a structured-mode CloudEvent's content type begins (see `cloudevents`).
+const STRUCTURED_PREFIX: &[u8] = b"application/cloudevents";
+
 /// One consumed record, read.
 #[derive(Debug, Clone)]
 pub(crate) struct Incoming {
@@ -194,6 +197,17 @@ impl Received {
         }
     }
 
+    /// A record as if received, for tests.
+    #[cfg(test)]
+    pub(crate) fn for_test(
+        topic: &str,
+        key: Option<Vec<u8>>,
+        payload: Option<Vec<u8>>,
+        headers: Vec<RawHeader>,
+    ) -> Received {
+        Received { topic: topic.to_owned(), partition: 0, offset: 0, key, payload, headers, charge: None }
+    }
+
     /// Counts the record against the memory budget from now until its outcome.
     pub(crate) fn charge(&mut self, charge: Charge) {
         self.charge = Some(charge);
@@ -207,16 +221,29 @@ impl Received {
         self.partition
     }
 
-    /// What the record weighs in a buffer: its bytes and a fixed amount of bookkeeping.
+    /// What the record weighs from its receipt to its outcome: its bytes, what reading it
+    /// copies (the headers as text; in structured mode the event's data, at most the value
+    /// again) and a fixed amount of bookkeeping.
     pub(crate) fn size(&self) -> usize {
+        let mut structured = false;
         let headers: usize = self
             .headers
             .iter()
-            .map(|h| h.name.as_ref().map_or(0, Vec::len) + h.value.as_ref().map_or(0, Vec::len) + 64)
+            .map(|h| {
+                let (name, value) =
+                    (h.name.as_deref().unwrap_or_default(), h.value.as_deref().unwrap_or_default());
+                structured |= name.eq_ignore_ascii_case(b"content-type")
+                    && value
+                        .trim_ascii_start()
+                        .get(..STRUCTURED_PREFIX.len())
+                        .is_some_and(|p| p.eq_ignore_ascii_case(STRUCTURED_PREFIX));
+                2 * (name.len() + value.len()) + 64
+            })
             .sum();
+        let payload = self.payload.as_ref().map_or(0, Vec::len);
         self.topic.len()
             + self.key.as_ref().map_or(0, Vec::len)
-            + self.payload.as_ref().map_or(0, Vec::len)
+            + if structured { 2 * payload } else { payload }
             + headers
             + 256
     }

@@ -429,3 +429,52 @@ fn the_idempotency_key_depends_on_the_consumer_and_the_event_only() {
         "pinned (Python: uuid5 of the same bytes)"
     );
 }
+
+/// The heap bytes an `Incoming` holds: what a record weighs once a worker has read it.
+fn held_bytes(incoming: &Incoming) -> usize {
+    incoming.topic.capacity()
+        + incoming.key.as_ref().map_or(0, Vec::capacity)
+        + incoming.payload.capacity()
+        + incoming.data.as_ref().map_or(0, Vec::capacity)
+        + incoming.headers.iter().map(|(k, v)| k.capacity() + v.capacity()).sum::<usize>()
+        + incoming
+            .raw_headers
+            .iter()
+            .map(|h| h.name.as_ref().map_or(0, Vec::capacity) + h.value.as_ref().map_or(0, Vec::capacity))
+            .sum::<usize>()
+}
+
+/// What a record is charged against the memory budget when received covers what it holds
+/// once read: in structured mode the event's data is a second copy of most of the value.
+/// Before, a structured record of 64 KiB was charged about half of what it held.
+#[test]
+fn a_record_is_charged_at_least_what_it_holds_once_read() {
+    let pad = "x".repeat(64 * 1024);
+    let structured = format!(
+        r#"{{"specversion":"1.0","id":"{ID}","source":"/tests","type":"x.y","schemaversion":1,"data":{{"pad":"{pad}"}}}}"#
+    );
+    let base64 = format!(
+        r#"{{"specversion":"1.0","id":"{ID}","source":"/tests","type":"x.y","schemaversion":1,"data_base64":"{}"}}"#,
+        {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD.encode(format!("\"{pad}\""))
+        }
+    );
+    let binary = format!(r#"{{"pad":"{pad}"}}"#);
+    let ct = [("content-type", "application/cloudevents+json; charset=utf-8")];
+    let cases: [(&str, Vec<RawHeader>, &str); 4] = [
+        ("structured", raw(&ct), &structured),
+        ("structured, data_base64", raw(&ct), &base64),
+        ("structured, upper case", raw(&[("Content-Type", "APPLICATION/CLOUDEVENTS+JSON")]), &structured),
+        ("binary", raw(&OK), &binary),
+    ];
+    for (case, headers, value) in cases {
+        let received =
+            Received::for_test("topic", Some(b"key".to_vec()), Some(value.as_bytes().to_vec()), headers);
+        let charged = received.size();
+        let incoming = Incoming::read(received);
+        assert!(incoming.meta.is_ok(), "{case}: {:?}", incoming.meta);
+        let held = held_bytes(&incoming);
+        assert!(charged >= held, "{case}: charged {charged} bytes, holds {held}");
+    }
+}
