@@ -25,6 +25,7 @@
 //! | `outbox_fenced_total` | counter | | marks refused after a lease passed on |
 //! | `outbox_relay_order_gaps_total` | counter | | events the broker acknowledged after an earlier event of their aggregate failed, or out of partition order: never expected (alert on any) |
 //! | `outbox_relay_purges_total` | counter | `why` = deadline (a batch not acknowledged within the message timeout), again (a record outlived that purge; at most 5 per record) | purges of the producer's queue and requests in flight |
+//! | `outbox_relay_claim_windows_passed_total` | counter | | claims whose window of fresh events was full of events held back behind an earlier event of their aggregate (waiting for a retry or failed), so that the next claim walks on past it |
 //! | `outbox_refused_total` | counter | `event_type` | non-critical appends refused near capacity |
 //! | `outbox_relay_batch_seconds` | histogram | | one relay batch: read, publish, mark |
 //! | `outbox_created_to_published_seconds` | histogram | | from append to the mark after the ack |
@@ -59,6 +60,7 @@ pub(crate) const MISSING_TOPICS: &str = "outbox_missing_topics";
 pub(crate) const FENCED: &str = "outbox_fenced_total";
 pub(crate) const ORDER_GAPS: &str = "outbox_relay_order_gaps_total";
 pub(crate) const PURGES: &str = "outbox_relay_purges_total";
+pub(crate) const CLAIM_WINDOWS_PASSED: &str = "outbox_relay_claim_windows_passed_total";
 pub(crate) const REFUSED: &str = "outbox_refused_total";
 pub(crate) const BATCH_SECONDS: &str = "outbox_relay_batch_seconds";
 pub(crate) const CREATED_TO_PUBLISHED: &str = "outbox_created_to_published_seconds";

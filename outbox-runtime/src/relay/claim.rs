@@ -146,21 +146,56 @@ impl Statements {
             // limit, every aggregate's rows in a batch are a prefix of its open rows in id
             // order (an earlier fresh row left out means `limit` fresh rows before it,
             // so nothing later is in the batch either).
+            //
+            // The fresh walk reads a window of at most $5 entries of the `fresh` index of the
+            // held partitions, from id $4 (see [`FreshCursor`]): rows held back behind an
+            // earlier waiting or failed row of their aggregate stay in that index, and a
+            // walk from the start read past every one of them on every claim. From a
+            // cursor, a row is taken only if its aggregate has no open row before the
+            // cursor either (one the walk passed, or one committed or put up again since):
+            // that probe keeps the prefix rule for rows the window does not see.
             let order = blocked_by("");
+            let window = format!(
+                "SELECT id FROM {outbox} \
+                 WHERE status = 'pending' AND next_attempt_at = '-infinity' AND work_partition = ANY($1) AND id >= $4 \
+                 ORDER BY id LIMIT $5"
+            );
+            // A subquery, not a CTE: its order carries through the join, so that the walk
+            // stops at `limit` rows without reading the rest of its window.
             let fresh = format!(
-                "SELECT {columns} FROM {outbox} o \
+                "SELECT {columns}, true AS fresh_walk FROM ({window}) AS w JOIN {outbox} o ON o.id = w.id \
                  WHERE {base} AND o.next_attempt_at = '-infinity' AND {order} \
+                   AND ($4 = 0 OR NOT EXISTS ( \
+                     SELECT 1 FROM {outbox} q \
+                     WHERE q.aggregate_type = o.aggregate_type AND q.aggregate_id = o.aggregate_id \
+                       AND q.id < $4 AND q.status IN ('pending', 'failed'))) \
                  ORDER BY o.id LIMIT $2"
             );
+            // A row due for a retry has no earlier waiting or failed row ({order}), and no
+            // earlier fresh row the fresh walk left out: one before its cursor or past its
+            // window (committed late, or put up again by an operator). Fresh rows it took
+            // come first in the batch, or the due row is cut with them.
             let due = format!(
-                "SELECT {columns} FROM {outbox} o \
+                "SELECT {columns}, false AS fresh_walk FROM {outbox} o \
                  WHERE {base} AND o.next_attempt_at > '-infinity' AND o.next_attempt_at <= now() AND {order} \
+                   AND NOT EXISTS ( \
+                     SELECT 1 FROM {outbox} q \
+                     WHERE q.aggregate_type = o.aggregate_type AND q.aggregate_id = o.aggregate_id \
+                       AND q.id < o.id AND q.status IN ('pending', 'failed') AND q.next_attempt_at = '-infinity' \
+                       AND q.id <> ALL($3) AND NOT EXISTS (SELECT 1 FROM fresh f WHERE f.id = q.id)) \
                  ORDER BY o.next_attempt_at, o.id LIMIT $2"
             );
+            // The window's end and length, only when the fresh walk took fewer than `limit`
+            // rows (it then read its whole window): one more row, its row columns null.
+            let nulls = "NULL::bigint, NULL::uuid, NULL::text, NULL::text, NULL::bigint, NULL::text, NULL::integer, \
+                         NULL::text, NULL::text, NULL::text, NULL::text, NULL::integer, NULL::integer, NULL::boolean";
             let both = |lock: &str| {
                 format!(
                     "WITH fresh AS ({fresh}{lock}), due AS ({due}{lock}) \
-                     SELECT * FROM fresh UNION ALL SELECT * FROM due"
+                     SELECT NULL::bigint AS window_end, NULL::bigint AS window_len, fresh.* FROM fresh \
+                     UNION ALL SELECT NULL, NULL, due.* FROM due \
+                     UNION ALL SELECT max(w.id), count(*), {nulls} FROM ({window}) AS w \
+                       HAVING (SELECT count(*) FROM fresh) < $2"
                 )
             };
             (both(""), both(" FOR UPDATE OF o"))
@@ -217,7 +252,8 @@ impl Statements {
     }
 
     /// Due rows of `partitions`, at most `limit`, leaving out `marking` (published rows
-    /// whose mark is still being written).
+    /// whose mark is still being written), the walk of fresh rows from the start.
+    #[cfg(any(test, feature = "bench-hooks"))]
     pub(crate) async fn claim(
         &self,
         pool: &PgPool,
@@ -225,13 +261,25 @@ impl Statements {
         limit: i64,
         marking: &[i64],
     ) -> Result<Vec<Row>> {
+        self.claim_from(pool, partitions, limit, marking, &mut FreshCursor::default()).await
+    }
+
+    /// [`Statements::claim`], the walk of fresh rows from `cursor`, which it moves on.
+    pub(crate) async fn claim_from(
+        &self,
+        pool: &PgPool,
+        partitions: &[i32],
+        limit: i64,
+        marking: &[i64],
+        cursor: &mut FreshCursor,
+    ) -> Result<Vec<Row>> {
         let mut tx = pool.begin().await?;
-        let rows = self.claim_in(&mut tx, &self.claim, partitions, limit, marking).await?;
+        let rows = self.claim_in(&mut tx, &self.claim, partitions, limit, marking, cursor).await?;
         tx.commit().await?;
         Ok(rows)
     }
 
-    /// Runs a claim in `tx` and merges its walks.
+    /// Runs a claim in `tx`, merges its walks and moves `cursor` on.
     async fn claim_in(
         &self,
         tx: &mut PgConnection,
@@ -239,17 +287,39 @@ impl Statements {
         partitions: &[i32],
         limit: i64,
         marking: &[i64],
+        cursor: &mut FreshCursor,
     ) -> Result<Vec<Row>> {
         if self.whole {
             sqlx::query(CLAIM_PLAN).execute(&mut *tx).await?;
         }
-        let rows: Vec<Row> = sqlx::query_as(claim.clone())
-            .bind(partitions)
-            .bind(limit)
-            .bind(marking)
-            .fetch_all(&mut *tx)
-            .await?;
-        Ok(merge(rows, limit))
+        let window = FreshCursor::window(limit);
+        let query = sqlx::query(claim.clone()).bind(partitions).bind(limit).bind(marking);
+        if !self.whole {
+            let found = query.fetch_all(&mut *tx).await?;
+            let rows = found.iter().map(Row::from_row).collect::<sqlx::Result<Vec<Row>>>()?;
+            return Ok(merge(rows, limit));
+        }
+        let found = query.bind(cursor.from).bind(window).fetch_all(&mut *tx).await?;
+        // The claimed rows, and the window's figures when the fresh walk read it all.
+        let mut window_seen = None;
+        let mut rows = Vec::with_capacity(found.len());
+        let mut fresh = Vec::new();
+        for r in &found {
+            if let Some(len) = r.try_get::<Option<i64>, _>("window_len")? {
+                window_seen = Some((r.try_get::<Option<i64>, _>("window_end")?, len));
+            } else {
+                let row = Row::from_row(r)?;
+                if r.try_get::<bool, _>("fresh_walk")? {
+                    fresh.push(row.id);
+                }
+                rows.push(row);
+            }
+        }
+        let rows = merge(rows, limit);
+        fresh.sort_unstable();
+        let full_to = window_seen.and_then(|(end, len)| end.filter(|_| len >= window));
+        cursor.moved(limit, full_to, &fresh, &rows);
+        Ok(rows)
     }
 
     /// In `tx`, the relay that holds locks across the send: locks up to `share` free work
@@ -269,7 +339,10 @@ impl Statements {
         if partitions.is_empty() {
             return Ok((partitions, Vec::new()));
         }
-        let rows = self.claim_in(tx, &self.claim_locked, &partitions, limit, &[]).await?;
+        // Partitions chosen at random each time: a walk from the start every time.
+        let rows = self
+            .claim_in(tx, &self.claim_locked, &partitions, limit, &[], &mut FreshCursor::default())
+            .await?;
         Ok((partitions, rows))
     }
 
@@ -282,6 +355,18 @@ impl Statements {
         partitions: &[i32],
         limit: i64,
     ) -> Result<Vec<serde_json::Value>> {
+        self.explain_claim_from(pool, partitions, limit, 0).await
+    }
+
+    /// [`Statements::explain_claim`] with the walk of fresh rows from id `from`.
+    #[cfg(test)]
+    pub(crate) async fn explain_claim_from(
+        &self,
+        pool: &PgPool,
+        partitions: &[i32],
+        limit: i64,
+        from: i64,
+    ) -> Result<Vec<serde_json::Value>> {
         let mut tx = pool.begin().await?;
         sqlx::query(CLAIM_PLAN).execute(&mut *tx).await?;
         let mut plans = Vec::new();
@@ -291,6 +376,8 @@ impl Statements {
                     .bind(partitions)
                     .bind(limit)
                     .bind(Vec::<i64>::new())
+                    .bind(from)
+                    .bind(FreshCursor::window(limit))
                     .fetch_one(&mut *tx)
                     .await?,
             );
@@ -303,6 +390,54 @@ impl Statements {
     #[cfg(test)]
     pub(crate) fn claim_sql(&self) -> Vec<&str> {
         vec![self.claim.as_str()]
+    }
+}
+
+/// Where the claim's walk of fresh rows starts: from the start (`from` 0) as long as its
+/// window of `4 * limit` index entries holds enough rows to take; past a window that did
+/// not (rows held back behind an earlier row of their aggregate, waiting or failed, fill
+/// it), from the entry after it, and so on to the end of the index, then from the start
+/// again. So a claim reads O(batch) entries however many rows are held back, and a poison
+/// event with a million later events of its aggregate behind it costs each claim a window,
+/// not a million entries. A relay keeps one per loop; it starts from the start again
+/// whenever the partitions it holds change.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct FreshCursor {
+    /// The first id of the walk; 0 from the start.
+    pub(crate) from: i64,
+    /// The last claim's window was full and the walk goes on past it: claim again at once.
+    pub(crate) advancing: bool,
+}
+
+impl FreshCursor {
+    /// Entries of the fresh index a claim of `limit` rows reads at most.
+    pub(crate) fn window(limit: i64) -> i64 {
+        limit.saturating_mul(4).max(64)
+    }
+
+    /// Moves on after a claim of `limit` rows: `fresh` the ids its fresh walk found,
+    /// sorted, `kept` the batch, `full_to` the end of its window when the walk read all of
+    /// it and it was full.
+    fn moved(&mut self, limit: i64, full_to: Option<i64>, fresh: &[i64], kept: &[Row]) {
+        let kept_fresh: Vec<i64> =
+            kept.iter().map(|r| r.id).filter(|id| fresh.binary_search(id).is_ok()).collect();
+        let cut = fresh.len() > kept_fresh.len();
+        let from = if cut || i64::try_from(fresh.len()).is_ok_and(|n| n >= limit) {
+            // The batch is full of what the window holds: from the start again as before,
+            // or past the last row taken when walking on.
+            if self.from == 0 {
+                0
+            } else {
+                kept_fresh.last().map_or(self.from, |id| id + 1)
+            }
+        } else if let Some(window_end) = full_to {
+            // Rows held back filled the window: walk on past it.
+            window_end.saturating_add(1)
+        } else {
+            // The window reached the end of the index: from the start next time.
+            0
+        };
+        *self = FreshCursor { from, advancing: from > 0 };
     }
 }
 

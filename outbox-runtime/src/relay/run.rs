@@ -10,6 +10,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::claim::FreshCursor;
 use super::listen::listen;
 use super::{ClaimMode, Relay};
 use crate::backoff;
@@ -85,6 +86,10 @@ impl Relay {
         let margin = self.config.message_timeout + Duration::from_secs(1);
         let mut next_maintain = Instant::now();
         let mut idle_failures: u32 = 0;
+        // The walk of fresh rows goes on from where the last claim left it while rows held
+        // back fill its window (see `FreshCursor`); from the start when the partitions change.
+        let mut cursor = FreshCursor::default();
+        let mut cursor_partitions: Vec<i32> = Vec::new();
         while !shutdown.is_cancelled() {
             if Instant::now() >= next_maintain {
                 next_maintain = Instant::now() + renew_every;
@@ -118,15 +123,39 @@ impl Relay {
                 }
             }
             let partitions = self.leases.partitions(margin);
+            if partitions != cursor_partitions {
+                cursor = FreshCursor::default();
+                cursor_partitions.clone_from(&partitions);
+            }
+            if cursor.from > 0 {
+                // Walking on, a row of the last batch still being marked would count as open
+                // before the cursor and hold its aggregate back: the marks first.
+                self.finish_marking().await;
+            }
             let rows = if partitions.is_empty() {
                 Vec::new()
             } else {
                 let marking = self.marking.as_ref().map_or(&[][..], |(ids, _)| ids.as_slice());
-                match self
+                let was = cursor;
+                let claimed = self
                     .sql
-                    .claim(&self.pool, &partitions, i64::from(self.config.batch_size), marking)
-                    .await
-                {
+                    .claim_from(
+                        &self.pool,
+                        &partitions,
+                        i64::from(self.config.batch_size),
+                        marking,
+                        &mut cursor,
+                    )
+                    .await;
+                if claimed.is_ok() && cursor.advancing {
+                    metrics::counter!(crate::metrics::CLAIM_WINDOWS_PASSED).increment(1);
+                    if was.from == 0 {
+                        info!(relay_id = %self.id(), stage = "claim", from = cursor.from,
+                              "events held back behind earlier events of their aggregates fill the claim's window: \
+                               claims walk on past them, a window at a time, to the end and from the start again");
+                    }
+                }
+                match claimed {
                     Ok(rows) => rows,
                     Err(error) => {
                         warn!(relay_id = %self.id(), stage = "claim", %error, "reading due events failed");
@@ -144,6 +173,11 @@ impl Relay {
                 if self.marking.is_some() {
                     // Nothing new: wait for the last mark instead of polling past it.
                     self.finish_marking().await;
+                    continue;
+                }
+                if cursor.advancing {
+                    // A window full of rows held back: the walk goes on at once, up to the
+                    // end of the index (then from the start, after the poll interval).
                     continue;
                 }
                 let until_maintain = next_maintain.saturating_duration_since(Instant::now());
