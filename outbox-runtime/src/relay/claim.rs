@@ -155,21 +155,33 @@ impl Statements {
             // cursor either (one the walk passed, or one committed or put up again since):
             // that probe keeps the prefix rule for rows the window does not see.
             let order = blocked_by("");
-            let window = format!(
-                "SELECT id FROM {outbox} \
-                 WHERE status = 'pending' AND next_attempt_at = '-infinity' AND work_partition = ANY($1) AND id >= $4 \
-                 ORDER BY id LIMIT $5"
+            let window = |what: &str| {
+                format!(
+                    "SELECT {what} FROM {outbox} \
+                     WHERE status = 'pending' AND next_attempt_at = '-infinity' AND work_partition = ANY($1) \
+                       AND id >= $4 \
+                     ORDER BY id LIMIT $5"
+                )
+            };
+            let fresh_rule = format!(
+                "{base} AND o.next_attempt_at = '-infinity' AND {order} \
+                 AND ($4 = 0 OR NOT EXISTS ( \
+                   SELECT 1 FROM {outbox} q \
+                   WHERE q.aggregate_type = o.aggregate_type AND q.aggregate_id = o.aggregate_id \
+                     AND q.id < $4 AND q.status IN ('pending', 'failed')))"
             );
-            // A subquery, not a CTE: its order carries through the join, so that the walk
-            // stops at `limit` rows without reading the rest of its window.
+            // The window a subquery, not a CTE: its order carries through, so that the walk
+            // stops at `limit` rows without reading the rest of it. Its rows as they are
+            // (one walk of the index, as without a window); to lock, only the rows taken,
+            // found again by id (a lock on the subquery would lock its whole window).
             let fresh = format!(
-                "SELECT {columns}, true AS fresh_walk FROM ({window}) AS w JOIN {outbox} o ON o.id = w.id \
-                 WHERE {base} AND o.next_attempt_at = '-infinity' AND {order} \
-                   AND ($4 = 0 OR NOT EXISTS ( \
-                     SELECT 1 FROM {outbox} q \
-                     WHERE q.aggregate_type = o.aggregate_type AND q.aggregate_id = o.aggregate_id \
-                       AND q.id < $4 AND q.status IN ('pending', 'failed'))) \
-                 ORDER BY o.id LIMIT $2"
+                "SELECT {columns}, true AS fresh_walk FROM ({}) AS o WHERE {fresh_rule} ORDER BY o.id LIMIT $2",
+                window("*")
+            );
+            let fresh_locked = format!(
+                "SELECT {columns}, true AS fresh_walk FROM ({}) AS w JOIN {outbox} o ON o.id = w.id \
+                 WHERE {fresh_rule} ORDER BY o.id LIMIT $2 FOR UPDATE OF o",
+                window("id")
             );
             // A row due for a retry has no earlier waiting or failed row ({order}), and no
             // earlier fresh row the fresh walk left out: one before its cursor or past its
@@ -185,20 +197,21 @@ impl Statements {
                        AND q.id <> ALL($3) AND NOT EXISTS (SELECT 1 FROM fresh f WHERE f.id = q.id)) \
                  ORDER BY o.next_attempt_at, o.id LIMIT $2"
             );
-            // The window's end and length, only when the fresh walk took fewer than `limit`
-            // rows (it then read its whole window): one more row, its row columns null.
+            // The window's end and length, read only when the fresh walk took fewer than
+            // `limit` rows (it then read its whole window); one more row, its row columns null.
             let nulls = "NULL::bigint, NULL::uuid, NULL::text, NULL::text, NULL::bigint, NULL::text, NULL::integer, \
                          NULL::text, NULL::text, NULL::text, NULL::text, NULL::integer, NULL::integer, NULL::boolean";
-            let both = |lock: &str| {
+            let both = |fresh: &str, lock: &str| {
                 format!(
-                    "WITH fresh AS ({fresh}{lock}), due AS ({due}{lock}) \
+                    "WITH fresh AS ({fresh}), due AS ({due}{lock}) \
                      SELECT NULL::bigint AS window_end, NULL::bigint AS window_len, fresh.* FROM fresh \
                      UNION ALL SELECT NULL, NULL, due.* FROM due \
-                     UNION ALL SELECT max(w.id), count(*), {nulls} FROM ({window}) AS w \
-                       HAVING (SELECT count(*) FROM fresh) < $2"
+                     UNION ALL SELECT max(w.id), count(*), {nulls} FROM ({}) AS w \
+                       WHERE (SELECT count(*) FROM fresh) < $2",
+                    window("id")
                 )
             };
-            (both(""), both(" FOR UPDATE OF o"))
+            (both(&fresh, ""), both(&fresh_locked, " FOR UPDATE OF o"))
         } else {
             // The table path: few rows, one walk in id order. An earlier due row has a
             // lower id, so it is in the batch whenever a later one is; only one not yet
