@@ -153,16 +153,9 @@ async fn a_partition_holding_the_whole_budget_does_not_stop_the_others(pool: PgP
     let kafka = Kafka::mock();
     let topic = format!("memory-{}", Uuid::new_v4().simple());
     kafka.create_topic(&topic, 2).await;
-    let producer = RawProducer::new(kafka.bootstrap());
-    let pad = "x".repeat(RECORD);
     // Partition 0: 4 MiB of credits to `slow` (the mock cluster keeps 5 MB a partition),
     // held by the handler until the gate opens.
-    for n in 0..8 {
-        let value = format!(r#"{{"account":"slow","amount":{n},"pad":"{pad}"}}"#);
-        let headers = credit_headers(Uuid::now_v7(), Some("slow"), None);
-        producer.send(&topic, &RawRecord::text(0, "slow", value.as_bytes(), &headers));
-    }
-    producer.flush();
+    let producer = slow_credits(&kafka, &topic, 8);
     let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
     let ledger = Ledger { gate: Some(gate.clone()), ..Ledger::default() };
     let config = outbox_runtime::inbox::InboxConfig::new("memory", kafka.bootstrap(), [topic.clone()])
@@ -226,16 +219,9 @@ async fn a_partition_paused_for_the_budget_resumes_with_no_commit_tick(pool: PgP
     let kafka = Kafka::mock();
     let topic = format!("resume-{}", Uuid::new_v4().simple());
     kafka.create_topic(&topic, 1).await;
-    let producer = RawProducer::new(kafka.bootstrap());
-    let pad = "x".repeat(RECORD);
     // 2 MiB of credits held by the handler against a budget of 1 MiB: paused after the
     // third.
-    for n in 0..4 {
-        let value = format!(r#"{{"account":"slow","amount":{n},"pad":"{pad}"}}"#);
-        let headers = credit_headers(Uuid::now_v7(), Some("slow"), None);
-        producer.send(&topic, &RawRecord::text(0, "slow", value.as_bytes(), &headers));
-    }
-    producer.flush();
+    let producer = slow_credits(&kafka, &topic, 4);
     let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
     let ledger = Ledger { gate: Some(gate.clone()), ..Ledger::default() };
     let config = outbox_runtime::inbox::InboxConfig::new("resume", kafka.bootstrap(), [topic.clone()])
@@ -264,4 +250,18 @@ async fn a_partition_paused_for_the_budget_resumes_with_no_commit_tick(pool: PgP
     let applied = count().await;
     running.shutdown().await;
     assert!(all, "{applied} of 7 credits applied: the paused partition was not resumed");
+}
+
+/// `n` credits of `RECORD` bytes to account `slow` in partition 0 of `topic`, flushed: the
+/// producer, for more.
+fn slow_credits(kafka: &Kafka, topic: &str, n: usize) -> RawProducer {
+    let producer = RawProducer::new(kafka.bootstrap());
+    let pad = "x".repeat(RECORD);
+    for n in 0..n {
+        let value = format!(r#"{{"account":"slow","amount":{n},"pad":"{pad}"}}"#);
+        let headers = credit_headers(Uuid::now_v7(), Some("slow"), None);
+        producer.send(topic, &RawRecord::text(0, "slow", value.as_bytes(), &headers));
+    }
+    producer.flush();
+    producer
 }

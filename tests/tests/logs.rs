@@ -25,16 +25,21 @@ impl Write for Captured {
     }
 }
 
-#[sqlx::test(migrations = false)]
-async fn the_payload_never_reaches_the_logs(pool: PgPool) {
+/// Everything logged on this thread up to `level`, until the guard goes.
+fn capture(level: tracing::Level) -> (Captured, tracing::subscriber::DefaultGuard) {
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
+        .with_max_level(level)
         .with_writer(move || writer.clone())
         .with_ansi(false)
         .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    (captured, tracing::subscriber::set_default(subscriber))
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_payload_never_reaches_the_logs(pool: PgPool) {
+    let (captured, _guard) = capture(tracing::Level::DEBUG);
 
     let kafka = Kafka::mock();
     kafka.create_topic("outbox-test-steps", 1).await;
@@ -97,14 +102,7 @@ async fn the_payload_never_reaches_the_logs(pool: PgPool) {
 /// so, with the statement that rebuilds it, and still publishes (correct, only slower).
 #[sqlx::test(migrations = false)]
 async fn a_relay_starting_on_an_invalid_index_says_how_to_rebuild_it(pool: PgPool) {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = capture(tracing::Level::INFO);
 
     let kafka = Kafka::mock();
     kafka.create_topic("outbox-test-steps", 1).await;

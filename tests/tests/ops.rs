@@ -181,10 +181,7 @@ async fn reconcile_counts_one_moment_while_events_are_published_applied_and_purg
     const EVENTS: i64 = 20_000;
     const CHUNK: i64 = 250;
     let outbox = migrate(&pool).await;
-    let config = InboxConfig::new("ledger", "127.0.0.1:1", [Deposit::TOPIC]);
-    let inbox = Inbox::new(pool.clone(), config, Handlers::new().on::<Deposit, _>(Ledger)).expect("inbox");
-    inbox.migrator().run(&pool).await.expect("inbox tables");
-    drop(inbox);
+    ledger_inbox(&pool).await;
     sqlx::query(
         "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, schema_version, topic, payload) \
          SELECT gen_random_uuid(), 'account', 'acc-' || (n % 100), 'test.deposit', 1, 'outbox-test-ops', '{}' \
@@ -262,34 +259,10 @@ async fn reconcile_counts_one_moment_while_events_are_published_applied_and_purg
 #[sqlx::test(migrations = false)]
 async fn reconcile_with_the_inbox_in_another_database_reads_it_in_a_snapshot_of_its_own(pool: PgPool) {
     let outbox = migrate(&pool).await;
-    let other_db = format!("reconcile_other_{}", Uuid::new_v4().simple());
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {other_db}")))
-        .execute(&pool)
-        .await
-        .expect("create");
-    let url = format!("{}/{other_db}", outbox_tests::database_url(&pool).rsplit_once('/').expect("url").0);
-    let other = PgPool::connect(&url).await.expect("other database");
-    let config = InboxConfig::new("ledger", "127.0.0.1:1", [Deposit::TOPIC]);
-    let inbox = Inbox::new(other.clone(), config, Handlers::new().on::<Deposit, _>(Ledger)).expect("inbox");
-    inbox.migrator().run(&other).await.expect("inbox tables");
-    drop(inbox);
-    let ids: Vec<Uuid> = sqlx::query_scalar(
-        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, schema_version, topic, payload, \
-                             status, published_at) \
-         SELECT gen_random_uuid(), 'account', 'acc', 'test.deposit', 1, 'outbox-test-ops', '{}', 'published', now() \
-         FROM generate_series(1, 10) RETURNING event_id",
-    )
-    .fetch_all(&pool)
-    .await
-    .expect("events");
-    sqlx::query(
-        "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset) \
-         SELECT 'ledger', id, 'test.deposit', 1, 'outbox-test-ops', 0, 0 FROM unnest($1::uuid[]) id",
-    )
-    .bind(&ids[1..])
-    .execute(&other)
-    .await
-    .expect("applied");
+    let (other, other_db) = other_database(&pool).await;
+    ledger_inbox(&other).await;
+    let ids = published_events(&pool, 10, 1).await;
+    applied_by_ledger(&other, &ids[1..]).await;
     let side = InboxSide::new(other.clone(), "public", "inbox", "ledger").expect("side");
     let hour = Duration::from_secs(3600);
     let r = outbox
@@ -297,8 +270,7 @@ async fn reconcile_with_the_inbox_in_another_database_reads_it_in_a_snapshot_of_
         .reconcile(&pool, SystemTime::now() - hour, SystemTime::now() + hour, Some(&side))
         .await
         .expect("reconcile");
-    other.close().await;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {other_db}"))).execute(&pool).await.expect("drop");
+    drop_database(&pool, other, &other_db).await;
     assert!(!r.one_snapshot, "{r:?}");
     assert_eq!((r.rows[0].published, r.rows[0].applied, r.rows[0].not_applied), (10, Some(9), Some(1)));
     assert_eq!(r.rows[0].not_applied_ids, [ids[0]]);
@@ -313,36 +285,11 @@ async fn reconcile_with_the_inbox_in_another_database_reads_it_in_a_snapshot_of_
 #[sqlx::test(migrations = false)]
 async fn reconcile_holds_no_outbox_transaction_while_it_checks_the_inbox(pool: PgPool) {
     let outbox = migrate(&pool).await;
-    let other_db = format!("reconcile_other_{}", Uuid::new_v4().simple());
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {other_db}")))
-        .execute(&pool)
-        .await
-        .expect("create");
-    let url = format!("{}/{other_db}", outbox_tests::database_url(&pool).rsplit_once('/').expect("url").0);
-    let other = PgPool::connect(&url).await.expect("other database");
-    let config = InboxConfig::new("ledger", "127.0.0.1:1", [Deposit::TOPIC]);
-    let inbox = Inbox::new(other.clone(), config, Handlers::new().on::<Deposit, _>(Ledger)).expect("inbox");
-    inbox.migrator().run(&other).await.expect("inbox tables");
-    drop(inbox);
+    let (other, other_db) = other_database(&pool).await;
+    ledger_inbox(&other).await;
     // 25,000 published events (more than one chunk of the inbox check), 24,990 applied.
-    let ids: Vec<Uuid> = sqlx::query_scalar(
-        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, schema_version, topic, payload, \
-                             status, published_at) \
-         SELECT gen_random_uuid(), 'account', 'acc-' || (n % 50), 'test.deposit', 1, 'outbox-test-ops', '{}', \
-                'published', now() \
-         FROM generate_series(1, 25000) n RETURNING event_id",
-    )
-    .fetch_all(&pool)
-    .await
-    .expect("events");
-    sqlx::query(
-        "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset) \
-         SELECT 'ledger', id, 'test.deposit', 1, 'outbox-test-ops', 0, 0 FROM unnest($1::uuid[]) id",
-    )
-    .bind(&ids[10..])
-    .execute(&other)
-    .await
-    .expect("applied");
+    let ids = published_events(&pool, 25_000, 50).await;
+    applied_by_ledger(&other, &ids[10..]).await;
     let mut lock = other.begin().await.expect("begin");
     sqlx::query("LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE").execute(&mut *lock).await.expect("lock");
 
@@ -374,8 +321,7 @@ async fn reconcile_holds_no_outbox_transaction_while_it_checks_the_inbox(pool: P
     .expect("activity");
     lock.rollback().await.expect("unlock");
     let r = reconciling.await.expect("join").expect("reconcile");
-    other.close().await;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {other_db}"))).execute(&pool).await.expect("drop");
+    drop_database(&pool, other, &other_db).await;
     assert!(
         in_transaction.is_empty(),
         "sessions of the outbox's database in a transaction: {in_transaction:?}"
@@ -397,27 +343,9 @@ async fn reconcile_holds_no_outbox_transaction_while_it_checks_the_inbox(pool: P
 #[sqlx::test(migrations = false)]
 async fn reconcile_without_a_temporary_table_reads_the_inbox_in_the_outboxs_snapshot(pool: PgPool) {
     let outbox = migrate(&pool).await;
-    let config = InboxConfig::new("ledger", "127.0.0.1:1", [Deposit::TOPIC]);
-    let inbox = Inbox::new(pool.clone(), config, Handlers::new().on::<Deposit, _>(Ledger)).expect("inbox");
-    inbox.migrator().run(&pool).await.expect("inbox tables");
-    drop(inbox);
-    let ids: Vec<Uuid> = sqlx::query_scalar(
-        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, schema_version, topic, payload, \
-                             status, published_at) \
-         SELECT gen_random_uuid(), 'account', 'acc', 'test.deposit', 1, 'outbox-test-ops', '{}', 'published', now() \
-         FROM generate_series(1, 10) RETURNING event_id",
-    )
-    .fetch_all(&pool)
-    .await
-    .expect("events");
-    sqlx::query(
-        "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset) \
-         SELECT 'ledger', id, 'test.deposit', 1, 'outbox-test-ops', 0, 0 FROM unnest($1::uuid[]) id",
-    )
-    .bind(&ids[1..])
-    .execute(&pool)
-    .await
-    .expect("applied");
+    ledger_inbox(&pool).await;
+    let ids = published_events(&pool, 10, 1).await;
+    applied_by_ledger(&pool, &ids[1..]).await;
     let role = format!("no_temp_{}", Uuid::new_v4().simple());
     let database: String =
         sqlx::query_scalar("SELECT current_database()").fetch_one(&pool).await.expect("db");
@@ -448,4 +376,53 @@ async fn reconcile_without_a_temporary_table_reads_the_inbox_in_the_outboxs_snap
     assert!(r.one_snapshot, "{r:?}");
     assert_eq!((r.rows[0].published, r.rows[0].applied, r.rows[0].not_applied), (10, Some(9), Some(1)));
     assert_eq!(r.rows[0].not_applied_ids, [ids[0]]);
+}
+
+/// A database of its own on the same server, for an inbox away from the outbox: its pool
+/// and name (drop it with [`drop_database`]).
+async fn other_database(pool: &PgPool) -> (PgPool, String) {
+    let name = format!("reconcile_other_{}", Uuid::new_v4().simple());
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(pool).await.expect("create");
+    let url = format!("{}/{name}", outbox_tests::database_url(pool).rsplit_once('/').expect("url").0);
+    (PgPool::connect(&url).await.expect("other database"), name)
+}
+
+async fn drop_database(pool: &PgPool, other: PgPool, name: &str) {
+    other.close().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name}"))).execute(pool).await.expect("drop");
+}
+
+/// The ledger inbox's tables in `pool`'s database.
+async fn ledger_inbox(pool: &PgPool) {
+    let config = InboxConfig::new("ledger", "127.0.0.1:1", [Deposit::TOPIC]);
+    let inbox = Inbox::new(pool.clone(), config, Handlers::new().on::<Deposit, _>(Ledger)).expect("inbox");
+    inbox.migrator().run(pool).await.expect("inbox tables");
+}
+
+/// `n` events appended and published now, over `aggregates` aggregates: their event ids.
+async fn published_events(pool: &PgPool, n: i64, aggregates: i64) -> Vec<Uuid> {
+    sqlx::query_scalar(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, schema_version, topic, payload, \
+                             status, published_at) \
+         SELECT gen_random_uuid(), 'account', 'acc-' || (g % $2), 'test.deposit', 1, 'outbox-test-ops', '{}', \
+                'published', now() \
+         FROM generate_series(1, $1) g RETURNING event_id",
+    )
+    .bind(n)
+    .bind(aggregates)
+    .fetch_all(pool)
+    .await
+    .expect("events")
+}
+
+/// `ids` applied by the ledger consumer, in the inbox of `pool`'s database.
+async fn applied_by_ledger(pool: &PgPool, ids: &[Uuid]) {
+    sqlx::query(
+        "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset) \
+         SELECT 'ledger', id, 'test.deposit', 1, 'outbox-test-ops', 0, 0 FROM unnest($1::uuid[]) id",
+    )
+    .bind(ids)
+    .execute(pool)
+    .await
+    .expect("applied");
 }
