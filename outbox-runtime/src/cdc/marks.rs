@@ -5,7 +5,8 @@ use sqlx::{PgPool, Row as _, SqlStr};
 
 use crate::error::Result;
 use crate::migrate::{PENDING_BY_ID, TOUCHED};
-use crate::relay::claim::{storable, Placement, MARK_PLAN};
+use crate::relay::claim::{Placement, MARK_PLAN};
+use crate::relay::mark::storable;
 use crate::table::{sql, Names};
 
 /// A streamed row as the table has it now.

@@ -32,6 +32,7 @@ mod config;
 mod hold;
 mod lease;
 mod listen;
+pub(crate) mod mark;
 pub(crate) mod publish;
 mod run;
 pub(crate) mod topics;
@@ -200,5 +201,7 @@ impl Relay {
     }
 }
 
+#[cfg(test)]
+mod cursor_tests;
 #[cfg(test)]
 mod tests;
