@@ -287,7 +287,7 @@ impl Statements {
         cursor: &mut FreshCursor,
     ) -> Result<Vec<Row>> {
         let mut tx = pool.begin().await?;
-        let rows = self.claim_in(&mut tx, &self.claim, partitions, limit, marking, cursor).await?;
+        let rows = self.claim_in(&mut tx, &self.claim, partitions, limit, marking, Some(cursor)).await?;
         tx.commit().await?;
         Ok(rows)
     }
@@ -300,19 +300,24 @@ impl Statements {
         partitions: &[i32],
         limit: i64,
         marking: &[i64],
-        cursor: &mut FreshCursor,
+        cursor: Option<&mut FreshCursor>,
     ) -> Result<Vec<Row>> {
         if self.whole {
             sqlx::query(CLAIM_PLAN).execute(&mut *tx).await?;
         }
-        let window = FreshCursor::window(limit);
         let query = sqlx::query(claim.clone()).bind(partitions).bind(limit).bind(marking);
         if !self.whole {
             let found = query.fetch_all(&mut *tx).await?;
             let rows = found.iter().map(Row::from_row).collect::<sqlx::Result<Vec<Row>>>()?;
             return Ok(merge(rows, limit));
         }
-        let found = query.bind(cursor.from).bind(window).fetch_all(&mut *tx).await?;
+        // Without a cursor (partitions that change every claim), the whole walk from the
+        // start: a window read again each time could hide every row past it.
+        let (from, window) = match &cursor {
+            Some(cursor) => (cursor.from, FreshCursor::window(limit)),
+            None => (0, i64::MAX),
+        };
+        let found = query.bind(from).bind(window).fetch_all(&mut *tx).await?;
         // The claimed rows, and the window's figures when the fresh walk read it all.
         let mut window_seen = None;
         let mut rows = Vec::with_capacity(found.len());
@@ -330,8 +335,10 @@ impl Statements {
         }
         let rows = merge(rows, limit);
         fresh.sort_unstable();
-        let full_to = window_seen.and_then(|(end, len)| end.filter(|_| len >= window));
-        cursor.moved(limit, full_to, &fresh, &rows);
+        if let Some(cursor) = cursor {
+            let full_to = window_seen.and_then(|(end, len)| end.filter(|_| len >= window));
+            cursor.moved(limit, full_to, &fresh, &rows);
+        }
         Ok(rows)
     }
 
@@ -352,10 +359,10 @@ impl Statements {
         if partitions.is_empty() {
             return Ok((partitions, Vec::new()));
         }
-        // Partitions chosen at random each time: a walk from the start every time.
-        let rows = self
-            .claim_in(tx, &self.claim_locked, &partitions, limit, &[], &mut FreshCursor::default())
-            .await?;
+        // Partitions chosen at random each time: no cursor to walk on from, so no window
+        // either (a window full of held rows would be read again on every claim and the
+        // rows past it never reached): the whole walk from the start, as before windows.
+        let rows = self.claim_in(tx, &self.claim_locked, &partitions, limit, &[], None).await?;
         Ok((partitions, rows))
     }
 
