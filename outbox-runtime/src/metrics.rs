@@ -45,6 +45,8 @@
 //! | `inbox_paused_partitions` | gauge | `consumer` | partitions paused because their worker is behind or the memory budget is spent |
 //! | `inbox_buffered_bytes` | gauge | `consumer` | bytes of records the inbox holds, from receipt until their outcome (see `InboxConfig::memory_budget`) |
 //! | `inbox_receive_errors_total` | counter | `consumer` | errors receiving from Kafka (the consumer goes on) |
+//! | `inbox_partitions` | gauge | `consumer` | time partitions of a partitioned dedup table, after the consumer's last maintenance round |
+//! | `inbox_partitions_overdue` | gauge | `consumer` | of those, past this consumer's dedup retention but kept for another consumer (one within its own retention, keeping for ever, or of an older version that registered none) |
 //!
 //! Gauges of the outbox's state are set by [`Ops::record_gauges`](crate::ops::Ops::record_gauges) (in `ops`), which relays call at
 //! every lease renewal; it reads partial indexes and statistics views, never the whole
@@ -88,6 +90,8 @@ pub(crate) const INBOX_LAG: &str = "inbox_consumer_lag";
 pub(crate) const INBOX_PAUSED: &str = "inbox_paused_partitions";
 pub(crate) const INBOX_BUFFERED: &str = "inbox_buffered_bytes";
 pub(crate) const INBOX_RECEIVE_ERRORS: &str = "inbox_receive_errors_total";
+pub(crate) const INBOX_PARTITIONS: &str = "inbox_partitions";
+pub(crate) const INBOX_PARTITIONS_OVERDUE: &str = "inbox_partitions_overdue";
 
 /// Sets the gauges of a relay's database pool: connections open and in use, and its
 /// maximum.

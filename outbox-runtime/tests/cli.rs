@@ -448,3 +448,41 @@ async fn migrate_says_nothing_of_an_index_still_being_built(pool: PgPool) {
     let out = outbox_cli(&pool, &["migrate"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
+
+/// `outbox inbox partition` converts an existing dedup table (with rows, so that the
+/// migration left it as it was) into partitions; its rows stay, in the legacy partition;
+/// run again, it says so and changes nothing.
+#[sqlx::test(migrations = false)]
+async fn inbox_partition_converts_an_existing_dedup_table(pool: PgPool) {
+    use outbox_runtime::inbox::{Handlers, Inbox, InboxConfig};
+    let inbox =
+        Inbox::new(pool.clone(), InboxConfig::new("billing", "127.0.0.1:1", ["orders"]), Handlers::new())
+            .expect("inbox");
+    inbox.migrator().run_to(5, &pool).await.expect("migrate to 5");
+    sqlx::query(
+        "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset) \
+         SELECT 'billing', gen_random_uuid(), 'order.confirmed', 1, 'orders', 0, n FROM generate_series(1, 10) n",
+    )
+    .execute(&pool)
+    .await
+    .expect("rows");
+    inbox.migrator().run(&pool).await.expect("migrate");
+    let kind = || async {
+        sqlx::query_scalar::<_, String>("SELECT relkind::text FROM pg_class WHERE oid = 'inbox'::regclass")
+            .fetch_one(&pool)
+            .await
+            .expect("relkind")
+    };
+    assert_eq!(kind().await, "r", "a table with rows stays as it is through the migration");
+    // Any consumer: the table is everyone's, and this one has no rows.
+    let out = outbox_cli(&pool, &["inbox", "--consumer", "shipping", "partition"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(stdout(&out).contains("is partitioned"), "{}", stdout(&out));
+    assert_eq!(kind().await, "p");
+    let legacy: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM inbox_legacy").fetch_one(&pool).await.expect("legacy rows");
+    assert_eq!(legacy, 10);
+    let again = outbox_cli(&pool, &["inbox", "--consumer", "billing", "partition"]);
+    assert_eq!(again.status.code(), Some(0), "{again:?}");
+    assert!(stdout(&again).contains("partitioned already"), "{}", stdout(&again));
+}

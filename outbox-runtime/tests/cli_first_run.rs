@@ -159,8 +159,8 @@ async fn two_consumers(pool: &PgPool) {
     .expect("inbox");
     inbox.migrator().run(pool).await.expect("migrate");
     sqlx::query(
-        "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset) \
-         VALUES ('billing', gen_random_uuid(), 'order.confirmed', 1, 'orders', 0, 0)",
+        "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, bucket) \
+         SELECT 'billing', id, 'order.confirmed', 1, 'orders', 0, 0, inbox_bucket(id) FROM gen_random_uuid() AS id",
     )
     .execute(pool)
     .await

@@ -28,8 +28,9 @@ async fn cleanup_deletes_only_its_own_consumers_rows(pool: PgPool) {
     short.migrator().run(&pool).await.expect("migrate");
     for consumer in ["short", "forever"] {
         sqlx::query(
-            "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, applied_at) \
-             SELECT $1, gen_random_uuid(), 'x.y', 1, 't', 0, n, now() - interval '2 days' FROM generate_series(1, 5) n",
+            "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, applied_at, bucket) \
+             SELECT $1, id, 'x.y', 1, 't', 0, n, now() - interval '2 days', inbox_bucket(id) \
+             FROM (SELECT n, gen_random_uuid() AS id FROM generate_series(1, 5) n) s",
         )
         .bind(consumer)
         .execute(&pool)

@@ -209,10 +209,10 @@ async fn inbox_cleanup_deletes_only_rows_past_dedup_retention_in_batches(pool: P
     let inbox = Inbox::new(pool.clone(), config, Handlers::new()).expect("inbox");
     inbox.migrator().run(&pool).await.expect("migrate");
     sqlx::query(
-        "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, applied_at) \
-         SELECT 'cleanup', gen_random_uuid(), 'test.credit', 1, 't', 0, n, \
-                CASE WHEN n <= 25 THEN now() - interval '40 days' ELSE now() END \
-         FROM generate_series(1, 30) AS n",
+        "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, applied_at, bucket) \
+         SELECT 'cleanup', id, 'test.credit', 1, 't', 0, n, \
+                CASE WHEN n <= 25 THEN now() - interval '40 days' ELSE now() END, inbox_bucket(id) \
+         FROM (SELECT n, gen_random_uuid() AS id FROM generate_series(1, 30) n) s",
     )
     .execute(&pool)
     .await

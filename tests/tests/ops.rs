@@ -207,8 +207,8 @@ async fn reconcile_counts_one_moment_while_events_are_published_applied_and_purg
             .await
             .expect("publish");
             sqlx::query(
-                "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset) \
-                 SELECT 'ledger', event_id, event_type, 1, topic, 0, id FROM outbox \
+                "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, bucket) \
+                 SELECT 'ledger', event_id, event_type, 1, topic, 0, id, inbox_bucket(event_id) FROM outbox \
                  WHERE id > $1 AND id <= $2 AND status = 'published'",
             )
             .bind((k - 1) * CHUNK)
@@ -418,8 +418,8 @@ async fn published_events(pool: &PgPool, n: i64, aggregates: i64) -> Vec<Uuid> {
 /// `ids` applied by the ledger consumer, in the inbox of `pool`'s database.
 async fn applied_by_ledger(pool: &PgPool, ids: &[Uuid]) {
     sqlx::query(
-        "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset) \
-         SELECT 'ledger', id, 'test.deposit', 1, 'outbox-test-ops', 0, 0 FROM unnest($1::uuid[]) id",
+        "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, bucket) \
+         SELECT 'ledger', id, 'test.deposit', 1, 'outbox-test-ops', 0, 0, inbox_bucket(id) FROM unnest($1::uuid[]) id",
     )
     .bind(ids)
     .execute(pool)

@@ -17,8 +17,8 @@ type Bytes = Vec<u8>;
 /// One consumer's inbox, for operators; needs no handlers and no Kafka.
 #[derive(Debug, Clone)]
 pub struct InboxAdmin {
-    pool: PgPool,
-    names: InboxNames,
+    pub(in crate::inbox) pool: PgPool,
+    pub(in crate::inbox) names: InboxNames,
     consumer: String,
 }
 
@@ -291,11 +291,15 @@ pub(crate) async fn discard_row(
     if discarded == 0 {
         return Ok(false);
     }
+    let layout = super::partitions::layout(&mut *tx, names).await?;
+    let [column, value, only_new] =
+        super::partitions::dedup_insert(names, layout, "p.consumer", "p.event_id");
     sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO {inbox} (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, outcome) \
-         SELECT consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, 'discarded' \
-         FROM {parked} WHERE id = $1 AND event_id IS NOT NULL AND event_type IS NOT NULL AND schema_version IS NOT NULL \
-         ON CONFLICT (consumer, event_id) DO NOTHING"
+        "INSERT INTO {inbox} (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, outcome{column}) \
+         SELECT consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, 'discarded'{value} \
+         FROM {parked} p WHERE id = $1 AND event_id IS NOT NULL AND event_type IS NOT NULL AND schema_version IS NOT NULL \
+           AND {only_new} \
+         ON CONFLICT DO NOTHING"
     )))
     .bind(id)
     .execute(&mut *tx)

@@ -140,8 +140,16 @@ ALTER TABLE {inbox} ADD COLUMN ce_id text, ADD COLUMN ce_source text;
             AssertSqlSafe(v5).into_sql_str(),
             false,
         );
-        let mut migrator =
-            Migrator::with_migrations(vec![migration, migration2, migration3, migration4, migration5]);
+        let migration6 = Migration::new(
+            6,
+            "dedup table in partitions: bucket, consumers' retention, span".into(),
+            MigrationType::Simple,
+            AssertSqlSafe(super::partitions::migration_sql(&self.names)).into_sql_str(),
+            false,
+        );
+        let mut migrator = Migrator::with_migrations(vec![
+            migration, migration2, migration3, migration4, migration5, migration6,
+        ]);
         migrator.create_schema(schema.clone());
         migrator.dangerous_set_table_name(format!("\"{schema}\".\"{table}_migrations\""));
         migrator

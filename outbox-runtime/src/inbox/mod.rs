@@ -40,6 +40,7 @@ mod failure;
 mod handler;
 mod message;
 mod migrate;
+mod partitions;
 mod release;
 mod retention;
 mod spans;
@@ -58,6 +59,7 @@ pub use self::handler::{
     BoxFuture, EventHandler, HandlerError, Handlers, Meta, RawHandler, IDEMPOTENCY_NAMESPACE,
 };
 pub use self::message::{event_id_of, FOREIGN_ID_NAMESPACE};
+pub use self::partitions::{KeptPartition, Layout, PartitionReport};
 pub use self::release::Released;
 pub use self::retention::{judge as judge_retention, judge_topic, RetentionVerdict};
 pub use self::stats::InboxStats;

@@ -343,6 +343,10 @@ pub(crate) enum InboxCommand {
         #[command(flatten)]
         action: ActionArgs,
     },
+    /// Converts the dedup table (every consumer's) into partitions by event id time,
+    /// online: the table becomes the legacy partition as it is; only the last step locks
+    /// it, for a moment. Every consumer of the table must run this version first.
+    Partition,
 }
 
 /// An inbox's settings as the library defaults them, for the defaults the flags quote.

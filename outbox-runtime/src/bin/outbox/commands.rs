@@ -258,8 +258,22 @@ pub(crate) async fn reconcile(outbox: &Outbox, pool: &PgPool, args: ReconcileArg
 
 pub(crate) async fn inbox(pool: PgPool, args: InboxArgs) -> Result<ExitCode, Fail> {
     let admin = InboxAdmin::new(pool, &args.inbox_schema, &args.inbox_table, &args.consumer)?;
-    hint::known_consumer(&admin).await?;
+    // Partitioning is the table's, whatever the consumer: it may have no rows yet.
+    if !matches!(args.command, InboxCommand::Partition) {
+        hint::known_consumer(&admin).await?;
+    }
     match args.command {
+        InboxCommand::Partition => {
+            let converted = admin.partition_table().await?;
+            println!(
+                "{}",
+                if converted {
+                    "the dedup table is partitioned; its rows are in the legacy partition until every consumer is past its retention"
+                } else {
+                    "the dedup table was partitioned already"
+                }
+            );
+        }
         InboxCommand::Parked { json } => {
             let parked = admin.parked().await?;
             if json {

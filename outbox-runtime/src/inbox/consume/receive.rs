@@ -86,12 +86,12 @@ impl Inbox {
             let (config, name) = (self.config.clone(), self.config.consumer.clone());
             tracker.spawn(async move { retention::warn(&name, retention::check_topics(&config).await) });
         }
+        let layout = crate::inbox::partitions::layout(&self.pool, &self.names).await?;
+        self.store.set_layout(layout);
         let topics: Vec<&str> = self.config.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
         info!(consumer = %self.config.consumer, topics = ?topics, "inbox started");
-        if let Some(retention) = self.config.dedup_retention {
-            tracker.spawn(cleanup_loop(self.clone(), retention, stop_all.clone()));
-        }
+        tracker.spawn(cleanup_loop(self.clone(), stop_all.clone()));
         tracker.spawn(self.clone().operator_requests(stop_all.clone()));
 
         let mut tick = tokio::time::interval(self.config.commit_interval);

@@ -14,6 +14,7 @@ use super::{InboxNames, Outcome, Step, Store};
 use crate::error::Result;
 use crate::inbox::handler::{Dispatch, Erased, Handlers, Meta, Resolved};
 use crate::inbox::message::Incoming;
+use crate::inbox::partitions::{dedup_insert, dedup_match, Layout};
 use crate::inbox::spans;
 use crate::table::sql;
 
@@ -23,9 +24,12 @@ use crate::table::sql;
 pub(super) struct BatchStatements {
     pub(super) lock_keys: SqlStr,
     pub(super) any_hold: SqlStr,
-    pub(super) insert_inbox: SqlStr,
+    /// By layout: plain, partitioned.
+    pub(super) insert_inbox: [SqlStr; 2],
     pub(super) versions: SqlStr,
     pub(super) bump_versions: SqlStr,
+    /// By layout: plain, partitioned.
+    pub(super) mark_stale: [SqlStr; 2],
 }
 
 impl BatchStatements {
@@ -48,13 +52,17 @@ impl BatchStatements {
                    SELECT 1 FROM {parked} p WHERE p.consumer = $1 AND p.hold_key = {hold_key}(u.t, u.k) \
                      AND p.status IN ('parked', 'held') LIMIT 1) h)"
             )),
-            insert_inbox: sql(format!(
-                "INSERT INTO {inbox} (consumer, event_id, event_type, schema_version, aggregate_type, aggregate_id, \
-                                      aggregate_version, topic, kafka_partition, kafka_offset, ce_id, ce_source) \
-                 SELECT $1, u.* FROM unnest($2::uuid[], $3::text[], $4::int[], $5::text[], $6::text[], $7::bigint[], \
-                                            $8::text[], $9::int[], $10::bigint[], $11::text[], $12::text[]) AS u \
-                 ON CONFLICT (consumer, event_id) DO NOTHING RETURNING event_id"
-            )),
+            insert_inbox: [Layout::Plain, Layout::Partitioned].map(|layout| {
+                let [column, value, only_new] = dedup_insert(names, layout, "$1", "u.e");
+                sql(format!(
+                    "INSERT INTO {inbox} (consumer, event_id, event_type, schema_version, aggregate_type, aggregate_id, \
+                                          aggregate_version, topic, kafka_partition, kafka_offset, ce_id, ce_source{column}) \
+                     SELECT $1, u.*{value} FROM unnest($2::uuid[], $3::text[], $4::int[], $5::text[], $6::text[], \
+                                              $7::bigint[], $8::text[], $9::int[], $10::bigint[], $11::text[], $12::text[]) \
+                       AS u(e, ty, v, at, ai, av, t, p, o, ci, cs) \
+                     WHERE {only_new} ON CONFLICT DO NOTHING RETURNING event_id"
+                ))
+            }),
             // The batch's aggregate rows, locked: those it inserts (with no version yet)
             // come back from the insert, the others from a locking read. A row another
             // transaction inserted meanwhile comes back from neither: the caller then
@@ -72,14 +80,18 @@ impl BatchStatements {
                    WHERE x.consumer = $1 AND x.topic = u.t AND x.aggregate_type = u.at AND x.aggregate_id = u.ai \
                    FOR UPDATE) a"
             )),
-            // The versions, gaps and stale counts, and the stale events' outcome.
+            // The versions, gaps and stale counts; stale events' outcome is set one by one
+            // (`mark_stale`): rare, and each found by the whole key of its partition.
             bump_versions: sql(format!(
-                "WITH stale AS (UPDATE {inbox} SET outcome = 'stale' WHERE consumer = $1 AND event_id = ANY($8)) \
-                 UPDATE {aggregates} a SET last_version = u.v, gaps = a.gaps + u.g, stale = a.stale + u.s \
+                "UPDATE {aggregates} a SET last_version = u.v, gaps = a.gaps + u.g, stale = a.stale + u.s \
                  FROM unnest($2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[]) \
                    AS u(t, at, ai, v, g, s) \
                  WHERE a.consumer = $1 AND a.topic = u.t AND a.aggregate_type = u.at AND a.aggregate_id = u.ai"
             )),
+            mark_stale: [Layout::Plain, Layout::Partitioned].map(|layout| {
+                let only = dedup_match(names, layout, "$2");
+                sql(format!("UPDATE {inbox} SET outcome = 'stale' WHERE consumer = $1 AND event_id = $2{only}"))
+            }),
         }
     }
 }
@@ -261,7 +273,8 @@ impl Store {
         }
         let column =
             |f: &dyn Fn(&Meta) -> Option<String>| batch.iter().map(|(_, m, _)| f(m)).collect::<Vec<_>>();
-        let inserted: Vec<Uuid> = sqlx::query_scalar(st.insert_inbox.clone())
+        let index = self.layout_index(&mut *tx).await?;
+        let inserted: Vec<Uuid> = sqlx::query_scalar(st.insert_inbox[index].clone())
             .bind(&self.consumer)
             .bind(batch.iter().map(|(_, m, _)| m.event_id).collect::<Vec<_>>())
             .bind(column(&|m| Some(m.event_type.clone())))
@@ -280,7 +293,8 @@ impl Store {
             .bind(column(&|m| m.foreign().map(|(id, _)| id.to_owned())))
             .bind(column(&|m| m.foreign().map(|(_, source)| source.to_owned())))
             .fetch_all(&mut *tx)
-            .await?;
+            .await
+            .map_err(|e| self.saw(e))?;
         let mut inserted: HashSet<Uuid> = inserted.into_iter().collect();
         // A repeated event id in one batch: the first is new, the others duplicates.
         let new: Vec<bool> = batch.iter().map(|(_, m, _)| inserted.remove(&m.event_id)).collect();
@@ -369,9 +383,15 @@ impl Store {
                 .bind(&columns.3)
                 .bind(&columns.4)
                 .bind(&columns.5)
-                .bind(&stale_ids)
                 .execute(&mut *tx)
                 .await?;
+            for id in &stale_ids {
+                sqlx::query(st.mark_stale[index].clone())
+                    .bind(&self.consumer)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+            }
         }
         Ok(Bookkept::Decided(decided))
     }

@@ -1,69 +1,24 @@
 //! The inbox's tables and what one message does to them, in one transaction: dedup insert,
 //! aggregate version tracking, the handler's effect; or parking with its reason.
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use sqlx::{PgConnection, PgPool, Postgres, SqlStr, Transaction};
 use tracing::{warn, Instrument as _};
 
 use super::handler::{Dispatch, Handlers, Meta, Resolved};
 use super::message::{raw_headers_json, Incoming};
+use super::partitions::{dedup_insert, dedup_match, layout, Layout};
 use super::spans;
 use crate::error::{Error, Result};
-use crate::table::{sql, validate_identifier};
+use crate::table::sql;
 
-/// Quoted names of the inbox's tables.
-#[derive(Debug, Clone)]
-pub(crate) struct InboxNames {
-    pub(crate) schema: String,
-    pub(crate) table: String,
-    pub(crate) inbox: String,
-    pub(crate) parked: String,
-    pub(crate) aggregates: String,
-    /// Operators' actions by filter.
-    pub(crate) audit: String,
-}
+mod names;
 
-impl InboxNames {
-    pub(crate) fn new(schema: &str, table: &str) -> Result<Self> {
-        validate_identifier("schema name", schema)?;
-        validate_identifier("table name", table)?;
-        let q = |suffix: &str| format!("\"{schema}\".\"{table}{suffix}\"");
-        Ok(InboxNames {
-            schema: schema.to_owned(),
-            table: table.to_owned(),
-            inbox: q(""),
-            parked: q("_parked"),
-            aggregates: q("_aggregates"),
-            audit: q("_audit"),
-        })
-    }
+pub(crate) use self::names::{storable_reason, InboxNames};
 
-    /// The inbox's error for a missing table of its own: [`Error::InboxNotMigrated`]
-    /// naming it; any other error as it is.
-    pub(crate) fn not_migrated(&self, error: Error) -> Error {
-        let suffixes = ["", "_parked", "_aggregates", "_audit"];
-        match crate::table::missing_table(&error, &self.schema, &self.table, &suffixes) {
-            Some(table) => Error::InboxNotMigrated { table },
-            None => error,
-        }
-    }
-}
-
-/// The longest reason stored, in bytes.
-const MAX_REASON_BYTES: usize = 4096;
-
-/// `reason` as storable text: NUL replaced, at most [`MAX_REASON_BYTES`].
-pub(crate) fn storable_reason(reason: &str) -> String {
-    let mut s = reason.replace('\0', "\u{fffd}");
-    if s.len() > MAX_REASON_BYTES {
-        let mut end = MAX_REASON_BYTES;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push('…');
-    }
-    s
-}
+/// [`Store::layout`] before it is read.
+const UNKNOWN: u8 = 0;
 
 /// What became of one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,15 +54,22 @@ pub(crate) struct Store {
     pub(crate) consumer: String,
     /// The same, shared with every record's [`Meta`].
     pub(crate) consumer_name: std::sync::Arc<str>,
+    names: InboxNames,
     lock_key: SqlStr,
     find_hold: SqlStr,
     park: SqlStr,
     parked_status: SqlStr,
-    insert_inbox: SqlStr,
+    /// By layout: plain, partitioned.
+    insert_inbox: [SqlStr; 2],
+    /// The dedup table's layout: [`UNKNOWN`] until read (at start, or by the first insert
+    /// of a store used outside `run`), then 1 + the index of its statements; set again by
+    /// an insert that finds it was converted since (see [`Store::saw`]).
+    layout: AtomicU8,
     version: SqlStr,
     first_version: SqlStr,
     bump_version: SqlStr,
-    mark_stale: SqlStr,
+    /// By layout: plain, partitioned.
+    mark_stale: [SqlStr; 2],
     resolve: SqlStr,
     repark: SqlStr,
     batch: BatchStatements,
@@ -126,6 +88,7 @@ impl Store {
         Store {
             consumer: consumer.to_owned(),
             consumer_name: consumer.into(),
+            names: names.clone(),
             // Serializes everything done for one key: the consumer's hold check and an
             // operator's release cannot interleave.
             lock_key: sql(format!("SELECT pg_advisory_xact_lock(hashtextextended($1 || ':' || encode({hold_key}, 'hex'), 0))")),
@@ -146,12 +109,16 @@ impl Store {
             parked_status: sql(format!(
                 "SELECT status FROM {parked} WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 AND kafka_offset = $4"
             )),
-            insert_inbox: sql(format!(
-                "INSERT INTO {inbox} (consumer, event_id, event_type, schema_version, aggregate_type, aggregate_id, \
-                                      aggregate_version, topic, kafka_partition, kafka_offset, ce_id, ce_source) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
-                 ON CONFLICT (consumer, event_id) DO NOTHING RETURNING 1"
-            )),
+            insert_inbox: [Layout::Plain, Layout::Partitioned].map(|layout| {
+                let [column, value, only_new] = dedup_insert(names, layout, "$1", "$2");
+                sql(format!(
+                    "INSERT INTO {inbox} (consumer, event_id, event_type, schema_version, aggregate_type, aggregate_id, \
+                                          aggregate_version, topic, kafka_partition, kafka_offset, ce_id, ce_source{column}) \
+                     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12{value} WHERE {only_new} \
+                     ON CONFLICT DO NOTHING RETURNING 1"
+                ))
+            }),
+            layout: AtomicU8::new(UNKNOWN),
             version: sql(format!(
                 "SELECT last_version FROM {aggregates} \
                  WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND topic = $4 FOR UPDATE"
@@ -166,15 +133,47 @@ impl Store {
                 "UPDATE {aggregates} SET last_version = $4, gaps = gaps + $5 \
                  WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND topic = $6"
             )),
-            mark_stale: sql(format!(
-                "WITH s AS (UPDATE {aggregates} SET stale = stale + 1 \
-                            WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND topic = $5) \
-                 UPDATE {inbox} SET outcome = 'stale' WHERE consumer = $1 AND event_id = $4"
-            )),
+            mark_stale: [Layout::Plain, Layout::Partitioned].map(|layout| {
+                let only = dedup_match(names, layout, "$4");
+                sql(format!(
+                    "WITH s AS (UPDATE {aggregates} SET stale = stale + 1 \
+                                WHERE consumer = $1 AND aggregate_type = $2 AND aggregate_id = $3 AND topic = $5) \
+                     UPDATE {inbox} SET outcome = 'stale' WHERE consumer = $1 AND event_id = $4{only}"
+                ))
+            }),
             resolve: sql(format!("UPDATE {parked} SET status = $2, resolved_at = now() WHERE id = $1")),
             repark: sql(format!("UPDATE {parked} SET status = 'parked', reason = $2 WHERE id = $1")),
             batch: BatchStatements::new(names),
         }
+    }
+
+    /// Sets the dedup table's layout, read from the catalog.
+    pub(crate) fn set_layout(&self, layout: Layout) {
+        self.layout.store(1 + u8::from(layout == Layout::Partitioned), Ordering::Relaxed);
+    }
+
+    /// The index of the dedup statements for the table's layout, read through `tx` the
+    /// first time.
+    async fn layout_index(&self, tx: &mut PgConnection) -> Result<usize> {
+        if self.layout.load(Ordering::Relaxed) == UNKNOWN {
+            self.set_layout(layout(&mut *tx, &self.names).await?);
+        }
+        Ok(usize::from(self.layout.load(Ordering::Relaxed) - 1))
+    }
+
+    /// An insert's error: one that says the dedup table has no default for `bucket` means
+    /// it was partitioned while this consumer ran (`InboxAdmin::partition_table`), so the
+    /// next attempt inserts with the bucket.
+    pub(crate) fn saw(&self, error: sqlx::Error) -> Error {
+        let converted = error.as_database_error().is_some_and(|d| {
+            d.code().as_deref() == Some("23502")
+                && d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().and_then(|p| p.column())
+                    == Some("bucket")
+        });
+        if converted && self.layout.swap(2, Ordering::Relaxed) != 2 {
+            warn!(consumer = %self.consumer, stage = "apply", "the dedup table was partitioned: inserting with the bucket from now on");
+        }
+        error.into()
     }
 
     /// Takes the transaction-scoped lock of `key` in `topic` (no-op without a key).
@@ -320,7 +319,8 @@ impl Store {
                 return Ok(Step::Commit(self.park_instead(tx, msg, &reason, resolves).await?));
             }
         };
-        let new: Option<i32> = sqlx::query_scalar(self.insert_inbox.clone())
+        let index = self.layout_index(&mut *tx).await?;
+        let new: Option<i32> = sqlx::query_scalar(self.insert_inbox[index].clone())
             .bind(&self.consumer)
             .bind(meta.event_id)
             .bind(&meta.event_type)
@@ -334,7 +334,8 @@ impl Store {
             .bind(meta.foreign().map(|(id, _)| id))
             .bind(meta.foreign().map(|(_, source)| source))
             .fetch_optional(&mut *tx)
-            .await?;
+            .await
+            .map_err(|e| self.saw(e))?;
         if new.is_none() {
             spans::duplicate(&self.consumer, msg, meta);
             self.resolve(tx, resolves).await?;
@@ -395,7 +396,7 @@ impl Store {
         match last {
             None => Ok(Some(0)),
             Some(last) if version <= last => {
-                sqlx::query(self.mark_stale.clone())
+                sqlx::query(self.mark_stale[self.layout_index(&mut *tx).await?].clone())
                     .bind(&self.consumer)
                     .bind(aggregate_type)
                     .bind(aggregate_id)
