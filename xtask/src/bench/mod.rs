@@ -12,6 +12,7 @@ mod claim;
 mod inbox;
 mod notify;
 mod relay;
+mod retention;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -34,6 +35,7 @@ use self::claim::{claim_backlog, claim_outage};
 use self::inbox::inbox_throughput;
 use self::notify::notify_latency;
 use self::relay::relay_throughput;
+use self::retention::retention;
 
 #[derive(Args)]
 pub(crate) struct BenchArgs {
@@ -43,7 +45,8 @@ pub(crate) struct BenchArgs {
     /// Also write the figures as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Run only these parts (append, relay, inbox, claim, cdc, notify), e.g. to profile one.
+    /// Run only these parts (append, relay, inbox, claim, cdc, retention, notify), e.g. to
+    /// profile one.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Run in this build even if it is a debug build (by default a debug build re-runs
@@ -65,6 +68,8 @@ struct Sizes {
     claims: usize,
     steady_seconds: u64,
     inbox_events: i64,
+    /// Expired dedup rows removed, for `retention_drop_vs_delete`.
+    retention_rows: i64,
 }
 
 const FULL: Sizes = Sizes {
@@ -79,6 +84,7 @@ const FULL: Sizes = Sizes {
     // On the mock cluster, whose partition log keeps 5 MB: 8,000 records of 1 KiB with
     // their headers over 4 partitions leave room for an uneven spread.
     inbox_events: 8_000,
+    retention_rows: 10_000_000,
 };
 
 const QUICK: Sizes = Sizes {
@@ -91,6 +97,7 @@ const QUICK: Sizes = Sizes {
     claims: 100,
     steady_seconds: 8,
     inbox_events: 8_000,
+    retention_rows: 1_000_000,
 };
 
 const PARTITIONS: i32 = 6;
@@ -191,6 +198,18 @@ const RATIOS: &[(&str, &str, f64, bool)] = &[
     ),
     ("cdc_db_cost", "WAL bytes per event drained, change data capture / polling relay", f64::NAN, false),
     (
+        "retention_drop_vs_delete",
+        "time to remove expired dedup rows, dropping partitions / batched DELETE",
+        f64::NAN,
+        false,
+    ),
+    (
+        "retention_drop_vs_delete_wal",
+        "WAL written for the same, dropping partitions / batched DELETE",
+        f64::NAN,
+        false,
+    ),
+    (
         "hold_locks_vs_lease",
         "polling relay events/s holding each batch's locks across the send / leasing (mock cluster)",
         f64::NAN,
@@ -244,6 +263,10 @@ async fn bench(args: &BenchArgs, tansu: Option<&Tansu>) -> Result<(), Failure> {
     if run("cdc") {
         cdc_throughput(&pool, &url, &outbox, sizes, &mut figures).await?;
         progress("change data capture", started);
+    }
+    if run("retention") {
+        retention(&pool, sizes, &mut figures).await?;
+        progress("retention", started);
     }
     if run("notify") {
         notify_latency(&pool, &outbox, &broker, sizes, &mut figures).await?;
