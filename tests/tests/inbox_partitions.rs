@@ -308,3 +308,50 @@ async fn an_existing_table_is_converted_while_its_consumer_runs(pool: PgPool) {
     .expect("rows");
     assert_eq!(by_partition, [("inbox_legacy".to_owned(), 120), ("time".to_owned(), 20)]);
 }
+
+/// Neighbours: consumers sharing the table run their rounds at the same moment. They take
+/// turns (one skips while another holds the lock), nothing fails, and the partitions they
+/// report creating are the ones there are.
+#[sqlx::test(migrations = false)]
+async fn concurrent_rounds_take_turns(pool: PgPool) {
+    let inboxes: Vec<Inbox> =
+        (0..4).map(|n| idle(&pool, &format!("c{n}"), Some(Duration::from_secs(3600)))).collect();
+    inboxes[0].migrator().run(&pool).await.expect("migrate");
+    span(&pool, 1, 20).await;
+    let (a, b, c, d) = tokio::join!(
+        inboxes[0].maintain_partitions(),
+        inboxes[1].maintain_partitions(),
+        inboxes[2].maintain_partitions(),
+        inboxes[3].maintain_partitions()
+    );
+    let reports: Vec<PartitionReport> =
+        [a, b, c, d].into_iter().map(|r| r.expect("a round does not fail").expect("partitioned")).collect();
+    let created: usize = reports.iter().map(|r| r.created.len()).sum();
+    let partitions = time_partitions(&pool).await;
+    assert_eq!(i64::try_from(created).expect("count"), partitions, "{reports:?}");
+    assert!(partitions >= 20, "{partitions}");
+    let registered: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM inbox_consumers").fetch_one(&pool).await.expect("consumers");
+    assert_eq!(registered, 4, "every round registers its consumer's retention, skipped or not");
+}
+
+/// Setting: converting before migration 6 (its function and tables missing) is refused
+/// with the error that names what to migrate, and changes nothing.
+#[sqlx::test(migrations = false)]
+async fn converting_before_the_migration_names_it(pool: PgPool) {
+    idle(&pool, "c", None).migrator().run_to(5, &pool).await.expect("migrate to 5");
+    let admin = InboxAdmin::new(pool.clone(), "public", "inbox", "c").expect("admin");
+    match admin.partition_table().await {
+        Err(outbox_runtime::Error::InboxNotMigrated { table }) => {
+            assert_eq!(table, "\"public\".\"inbox_partitioning\"")
+        }
+        other => panic!("expected InboxNotMigrated, got {other:?}"),
+    }
+    let columns: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.columns WHERE table_name = 'inbox' AND column_name = 'bucket'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("columns");
+    assert_eq!(columns, 0, "nothing changed");
+}

@@ -39,6 +39,14 @@ impl InboxAdmin {
         if layout(&self.pool, names).await? == Layout::Partitioned {
             return Ok(false);
         }
+        // Migration 6's tables and function, and the table itself, are there.
+        for table in [relation(names, "_partitioning"), names.inbox.clone()] {
+            let found: Option<String> =
+                sqlx::query_scalar("SELECT to_regclass($1)::text").bind(&table).fetch_one(&self.pool).await?;
+            if found.is_none() {
+                return Err(crate::Error::InboxNotMigrated { table });
+            }
+        }
         let (schema, table, inbox) = (&names.schema, &names.table, &names.inbox);
         let bucket = bucket_fn(names);
         let mut conn = self.pool.acquire().await.map_err(crate::Error::from)?;
@@ -47,7 +55,7 @@ impl InboxAdmin {
                 "SELECT convalidated FROM pg_constraint WHERE conrelid = '{inbox}'::regclass AND conname = '{table}{name}'"
             )
         };
-        execute(&mut conn, "SET lock_timeout = '5s'".to_owned()).await.map_err(|e| names.not_migrated(e))?;
+        execute(&mut conn, "SET lock_timeout = '5s'".to_owned()).await?;
         execute(
             &mut conn,
             format!(
