@@ -4,7 +4,7 @@
 //! wait in the default one and move into it; an existing table is converted while its
 //! consumer runs, and events applied before the conversion are still absorbed after it.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use outbox_runtime::inbox::{Handlers, Inbox, InboxAdmin, InboxConfig, KeptPartition, PartitionReport};
 use outbox_tests::eventually;
@@ -48,8 +48,13 @@ fn v7_at(ms: u64) -> Uuid {
     ))
 }
 
-fn now_ms() -> u64 {
-    u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_millis()).expect("ms")
+/// The database's clock, which decides which partitions are due, in Unix milliseconds.
+async fn db_now_ms(pool: &PgPool) -> u64 {
+    let ms: i64 = sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
+        .fetch_one(pool)
+        .await
+        .expect("clock");
+    u64::try_from(ms).expect("ms")
 }
 
 /// Time partitions of the dedup table.
@@ -152,7 +157,8 @@ async fn a_redelivered_event_is_absorbed_after_later_partitions_were_created(poo
         .expect("effects");
     assert_eq!(effects, 1, "delivered three times, applied once");
     assert_eq!(partition_of(&pool, "partitioned", id).await, first, "the row stays in its partition");
-    assert_ne!(partition_of(&pool, "partitioned", marker).await, first, "the marker is in a later partition");
+    let later = partition_of(&pool, "partitioned", marker).await;
+    assert!(later.starts_with("inbox_p") && later > first, "the marker is in a later partition: {later}");
 }
 
 /// Neighbours: consumers with different retentions share the table, and one ran no
@@ -166,9 +172,9 @@ async fn a_partition_goes_only_when_every_consumer_in_it_is_past_its_retention(p
     short.migrator().run(&pool).await.expect("migrate");
     span(&pool, 1, 3).await;
     round(&long).await;
-    let base = now_ms() / 1000 * 1000;
+    let base = db_now_ms(&pool).await / 1000 * 1000;
     let created = round(&short).await;
-    assert!(created.partitions >= 4, "{created:?}");
+    assert!(created.partitions >= 4 && time_partitions(&pool).await >= 4, "{created:?}");
     let (a, b, c) = (v7_at(base + 500), v7_at(base + 1500), v7_at(base + 2500));
     assert!(
         insert(&pool, "short", a).await && insert(&pool, "short", b).await && insert(&pool, "long", b).await
@@ -181,7 +187,7 @@ async fn a_partition_goes_only_when_every_consumer_in_it_is_past_its_retention(p
     );
     assert!(part_a != part_b && part_b != part_c, "{part_a} {part_b} {part_c}");
     // Every span over, and past short's retention of 1 s.
-    tokio::time::sleep(Duration::from_millis((base + 4_200).saturating_sub(now_ms()))).await;
+    tokio::time::sleep(Duration::from_millis((base + 4_800).saturating_sub(db_now_ms(&pool).await))).await;
 
     let report = round(&short).await;
     assert!(report.dropped.contains(&part_a), "{report:?}");
@@ -242,13 +248,26 @@ async fn rows_without_a_time_partition_are_kept_and_moved_into_theirs(pool: PgPo
     assert_eq!(partition_of(&pool, "c", v7).await, moved_to, "time partitions are not cleaned row by row");
 }
 
-/// Neighbour: an existing table with rows, converted while its consumer runs. The consumer
-/// goes on (its first insert after the switch finds the new layout), events applied before
-/// the conversion and delivered again after it are absorbed, new ones are applied once.
+/// Neighbour: an existing table with rows, converted while its consumer runs, batching.
+/// The consumer goes on (its first insert after the switch finds the new layout and is
+/// tried again, not parked), events applied before the conversion and delivered again
+/// after it are absorbed, new ones are applied once.
 #[sqlx::test(migrations = false)]
 async fn an_existing_table_is_converted_while_its_consumer_runs(pool: PgPool) {
+    converted_while_running(pool, 100).await;
+}
+
+/// The same with one record per transaction: the path with no batch to fall back from.
+/// Before the fix its first insert after the switch (no bucket: 23502, an integrity class)
+/// was parked as permanent.
+#[sqlx::test(migrations = false)]
+async fn an_existing_table_is_converted_while_its_consumer_runs_one_record_a_transaction(pool: PgPool) {
+    converted_while_running(pool, 1).await;
+}
+
+async fn converted_while_running(pool: PgPool, batch: usize) {
     let s = setup(&pool, 1).await;
-    let config = s.config("converted").cleanup_interval(Duration::from_secs(1));
+    let config = s.config("converted").cleanup_interval(Duration::from_secs(1)).batch_size(batch);
     let inbox = Inbox::new(pool.clone(), config.clone(), Handlers::new()).expect("inbox");
     inbox.migrator().run_to(5, &pool).await.expect("migrate to 5");
     sqlx::query(
@@ -299,6 +318,9 @@ async fn an_existing_table_is_converted_while_its_consumer_runs(pool: PgPool) {
             .await
             .expect("effects");
     assert_eq!((effects, distinct), (40, 40), "each event applied once");
+    let parked: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM inbox_parked").fetch_one(&pool).await.expect("parked");
+    assert_eq!(parked, 0, "nothing parked across the conversion");
     let by_partition: Vec<(String, i64)> = sqlx::query_as(
         "SELECT CASE WHEN tableoid::regclass::text LIKE 'inbox_p%' THEN 'time' ELSE tableoid::regclass::text END, count(*) \
          FROM inbox GROUP BY 1 ORDER BY 1",
@@ -354,4 +376,58 @@ async fn converting_before_the_migration_names_it(pool: PgPool) {
     .await
     .expect("columns");
     assert_eq!(columns, 0, "nothing changed");
+}
+
+/// Setting: the application's role is not the one that migrates; it was granted what it
+/// needs on the dedup table. The new table of migration 6 (an empty one replaced) and of a
+/// conversion keep the owner and those grants: before, the role lost them and every insert
+/// failed.
+#[sqlx::test(migrations = false)]
+async fn the_partitioned_table_keeps_the_owner_and_grants(pool: PgPool) {
+    let role = format!("inbox_app_{}", Uuid::new_v4().simple());
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE ROLE {role}"))).execute(&pool).await.expect("role");
+    let can_insert = |pool: PgPool, role: String| async move {
+        sqlx::query_scalar::<_, bool>("SELECT has_table_privilege($1, 'inbox', 'INSERT')")
+            .bind(role)
+            .fetch_one(&pool)
+            .await
+            .expect("privilege")
+    };
+    for rows in [0, 10] {
+        sqlx::raw_sql("DROP TABLE IF EXISTS inbox, inbox_parked, inbox_aggregates, inbox_audit, inbox_migrations, \
+                     inbox_consumers, inbox_partitioning CASCADE; DROP FUNCTION IF EXISTS inbox_bucket, inbox_hold_key")
+            .execute(&pool)
+            .await
+            .expect("clean");
+        let inbox = idle(&pool, "c", None);
+        inbox.migrator().run_to(5, &pool).await.expect("migrate to 5");
+        sqlx::query(
+            "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset) \
+             SELECT 'c', gen_random_uuid(), 'x.y', 1, 't', 0, n FROM generate_series(1, $1) n",
+        )
+        .bind(rows)
+        .execute(&pool)
+        .await
+        .expect("rows");
+        sqlx::query(sqlx::AssertSqlSafe(format!("GRANT SELECT, INSERT, UPDATE, DELETE ON inbox TO {role}")))
+            .execute(&pool)
+            .await
+            .expect("grant");
+        inbox.migrator().run(&pool).await.expect("migrate");
+        if rows > 0 {
+            let admin = InboxAdmin::new(pool.clone(), "public", "inbox", "c").expect("admin");
+            assert!(admin.partition_table().await.expect("convert"));
+        }
+        let kind: String =
+            sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = 'inbox'::regclass")
+                .fetch_one(&pool)
+                .await
+                .expect("relkind");
+        assert_eq!(kind, "p", "{rows} rows");
+        assert!(can_insert(pool.clone(), role.clone()).await, "{role} may still insert ({rows} rows before)");
+    }
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP OWNED BY {role}; DROP ROLE {role}")))
+        .execute(&pool)
+        .await
+        .expect("drop role");
 }

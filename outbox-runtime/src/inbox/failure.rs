@@ -42,6 +42,8 @@ pub(crate) fn of_sqlx(error: &sqlx::Error, what: String) -> Failure {
         sqlx::Error::PoolTimedOut => Failure::Unavailable(what),
         error if crate::error::server_gone(error) => Failure::Unavailable(what),
         sqlx::Error::Encode(_) => Failure::Permanent(what),
+        // The dedup table was partitioned, or a partition attached, under the insert.
+        error if crate::inbox::partitions::layout_changed(error) => Failure::Transient(what),
         _ => match error.as_database_error().and_then(|d| d.code()) {
             Some(code) if permanent_code(&code) => Failure::Permanent(what),
             _ => Failure::Transient(what),

@@ -47,17 +47,51 @@ impl InboxAdmin {
                 return Err(crate::Error::InboxNotMigrated { table });
             }
         }
+        let inbox = &names.inbox;
+        // A connection of its own, closed at the end: its session settings and lock never
+        // reach the pool.
+        let mut conn =
+            <sqlx::PgConnection as sqlx::Connection>::connect_with(&self.pool.connect_options()).await?;
+        let got: bool = sqlx::query_scalar(
+            "SELECT pg_try_advisory_lock(hashtextextended('outbox inbox convert ' || $1, 0))",
+        )
+        .bind(inbox)
+        .fetch_one(&mut conn)
+        .await?;
+        if !got {
+            return Err(crate::Error::Conflict(format!("another conversion of {inbox} is running")));
+        }
+        let converted = self.convert(&mut conn).await;
+        let _ = sqlx::Connection::close(conn).await;
+        if !converted? {
+            // Another conversion finished first.
+            return Ok(false);
+        }
+        // The spans of now and ahead, created while the default partition is still empty.
+        let mut report = super::maintain::PartitionReport::default();
+        super::maintain::create_ahead(&self.pool, names, &mut report).await?;
+        info!(table = %inbox, stage = "partitions", "the dedup table is partitioned; its rows are in the legacy partition");
+        Ok(true)
+    }
+
+    /// The conversion's steps, on `conn`; each can be run again. `false` when the table
+    /// was partitioned already.
+    async fn convert(&self, conn: &mut sqlx::PgConnection) -> Result<bool> {
+        let names = &self.names;
+        if layout(&mut *conn, names).await? == Layout::Partitioned {
+            return Ok(false);
+        }
         let (schema, table, inbox) = (&names.schema, &names.table, &names.inbox);
         let bucket = bucket_fn(names);
-        let mut conn = self.pool.acquire().await.map_err(crate::Error::from)?;
         let constraint = |name: &str| {
             format!(
                 "SELECT convalidated FROM pg_constraint WHERE conrelid = '{inbox}'::regclass AND conname = '{table}{name}'"
             )
         };
-        execute(&mut conn, "SET lock_timeout = '5s'".to_owned()).await?;
+        // The brief locks wait at most 5 s (inserts would queue behind them), then fail.
+        execute(conn, "SET lock_timeout = '5s'".to_owned()).await?;
         execute(
-            &mut conn,
+            conn,
             format!(
                 "ALTER TABLE {inbox} ADD COLUMN IF NOT EXISTS bucket bigint NOT NULL DEFAULT {LEGACY_BUCKET}"
             ),
@@ -71,29 +105,29 @@ impl InboxAdmin {
                 sqlx::query_scalar(AssertSqlSafe(constraint(name))).fetch_optional(&mut *conn).await?;
             if valid.is_none() {
                 execute(
-                    &mut conn,
+                    conn,
                     format!("ALTER TABLE {inbox} ADD CONSTRAINT \"{table}{name}\" CHECK ({check}) NOT VALID"),
                 )
                 .await?;
             }
             if valid != Some(true) {
-                execute(&mut conn, format!("ALTER TABLE {inbox} VALIDATE CONSTRAINT \"{table}{name}\""))
-                    .await?;
+                execute(conn, format!("ALTER TABLE {inbox} VALIDATE CONSTRAINT \"{table}{name}\"")).await?;
             }
         }
-        // An index a stopped build left invalid is built again.
+        // The concurrent build waits for every older transaction in the database, however
+        // long: no lock timeout. An index a stopped build left invalid is built again.
+        execute(conn, "SET lock_timeout = 0".to_owned()).await?;
         let key_valid: Option<bool> = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('\"{schema}\".\"{table}_legacy_key\"')"
         )))
         .fetch_optional(&mut *conn)
         .await?;
         if key_valid == Some(false) {
-            execute(&mut conn, format!("DROP INDEX CONCURRENTLY \"{schema}\".\"{table}_legacy_key\""))
-                .await?;
+            execute(conn, format!("DROP INDEX CONCURRENTLY \"{schema}\".\"{table}_legacy_key\"")).await?;
         }
         if key_valid != Some(true) {
             execute(
-                &mut conn,
+                conn,
                 format!(
                     "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS \"{table}_legacy_key\" \
                      ON {inbox} (consumer, event_id, bucket)"
@@ -101,7 +135,6 @@ impl InboxAdmin {
             )
             .await?;
         }
-        execute(&mut conn, "RESET lock_timeout".to_owned()).await?;
         let legacy = relation(names, "_legacy");
         let switch = format!(
             "BEGIN; \
@@ -110,18 +143,36 @@ impl InboxAdmin {
              ALTER TABLE {inbox} ADD CONSTRAINT \"{table}_legacy_key\" UNIQUE USING INDEX \"{table}_legacy_key\"; \
              ALTER TABLE {inbox} RENAME CONSTRAINT \"{table}_pkey\" TO \"{table}_legacy_pkey\"; \
              ALTER TABLE {inbox} RENAME TO \"{table}_legacy\"; \
-             ALTER INDEX \"{schema}\".\"{table}_applied_at\" RENAME TO \"{table}_legacy_applied_at\"; \
+             ALTER INDEX \"{schema}\".\"{table}_applied_at\" RENAME TO \"{table}_legacy_at\"; \
              {parent}; \
+             {access}; \
              ALTER TABLE {inbox} ATTACH PARTITION {legacy} FOR VALUES FROM (MINVALUE) TO ({LEGACY_BUCKET} + 1); \
              COMMIT;",
             parent = parent_sql(names, false),
+            access = access_sql(&legacy, inbox),
         );
-        if let Err(error) = execute(&mut conn, switch).await {
-            // Not left in a failed transaction for the pool's next user.
-            let _ = execute(&mut conn, "ROLLBACK".to_owned()).await;
+        if let Err(error) = execute(conn, switch).await {
+            let _ = execute(conn, "ROLLBACK".to_owned()).await;
             return Err(error);
         }
-        info!(table = %inbox, stage = "partitions", "the dedup table is partitioned; its rows are in the legacy partition");
         Ok(true)
     }
+}
+
+/// Gives `to` the owner and the privileges of `from` (both quoted relation names): the
+/// roles that wrote the dedup table still can.
+pub(crate) fn access_sql(from: &str, to: &str) -> String {
+    format!(
+        "DO $access$ DECLARE g record; BEGIN \
+           EXECUTE format('ALTER TABLE %s OWNER TO %I', '{to}', \
+             (SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = '{from}'::regclass)); \
+           FOR g IN SELECT a.privilege_type, a.grantee, a.is_grantable \
+                    FROM pg_class c, aclexplode(c.relacl) a \
+                    WHERE c.oid = '{from}'::regclass AND a.grantee <> c.relowner LOOP \
+             EXECUTE format('GRANT %s ON %s TO %s%s', g.privilege_type, '{to}', \
+               CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END, \
+               CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END); \
+           END LOOP; \
+         END $access$"
+    )
 }

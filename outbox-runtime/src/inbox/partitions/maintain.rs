@@ -34,7 +34,8 @@ pub struct PartitionReport {
     pub kept: Vec<KeptPartition>,
     /// Time partitions after the round.
     pub partitions: usize,
-    /// Another consumer's round held the table's maintenance lock: nothing was done.
+    /// Another consumer's round held the table's maintenance lock: creating partitions was
+    /// left to it (the drops went on).
     pub skipped: bool,
 }
 
@@ -96,10 +97,9 @@ pub(crate) async fn round(
     .execute(pool)
     .await?;
     let mut report = PartitionReport::default();
-    if !create_ahead(pool, names, &mut report).await? {
-        report.skipped = true;
-        return Ok(Some(report));
-    }
+    // Another consumer creating partitions leaves creation to it; the drops go on (each
+    // takes the lock of its own).
+    report.skipped = !create_ahead(pool, names, &mut report).await?;
     let mut conn = pool.acquire().await?;
     let (parts, now_ms) = partitions(&mut conn, names).await?;
     drop(conn);
@@ -114,6 +114,10 @@ pub(crate) async fn round(
     for part in parts.iter().filter(due) {
         match drop_if_done(pool, names, part).await? {
             Verdict::Empty => {}
+            Verdict::Busy => {
+                debug!(consumer, partition = %part.name, stage = "partitions",
+                       "a due partition of the dedup table could not be locked; next round");
+            }
             Verdict::Dropped => {
                 info!(consumer, partition = %part.name, stage = "partitions",
                       "dropped a partition of the dedup table: every consumer is past its retention");
@@ -186,13 +190,17 @@ async fn locked(
     if !got {
         return Ok(None);
     }
-    execute(&mut tx, "SET LOCAL lock_timeout = '1s'".to_owned()).await?;
+    execute(&mut tx, "SET LOCAL lock_timeout = '2s'".to_owned()).await?;
     Ok(Some(tx))
 }
 
 /// Creates the partitions missing from the start of the current span to `ahead` spans
 /// past now, each in a transaction of its own. `false` when another round held the lock.
-async fn create_ahead(pool: &PgPool, names: &InboxNames, report: &mut PartitionReport) -> Result<bool> {
+pub(super) async fn create_ahead(
+    pool: &PgPool,
+    names: &InboxNames,
+    report: &mut PartitionReport,
+) -> Result<bool> {
     let partitioning = relation(names, "_partitioning");
     loop {
         let Some(mut tx) = locked(pool, names).await? else { return Ok(false) };
@@ -222,8 +230,10 @@ async fn create_ahead(pool: &PgPool, names: &InboxNames, report: &mut PartitionR
             format!("CREATE TABLE {part} (LIKE {inbox} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"),
         )
         .await?;
-        // Rows of this span that arrived while it had no partition: moved, with the lock
-        // the attach takes on the default partition anyway.
+        // Rows of this span that arrived while it had no partition: moved. Inserts into
+        // the default partition wait from here to the commit (the attach locks it anyway),
+        // so none of this span can arrive between the move and the attach.
+        execute(&mut tx, format!("LOCK TABLE {default} IN SHARE ROW EXCLUSIVE MODE")).await?;
         let moved = sqlx::query(AssertSqlSafe(format!(
             "WITH moved AS (DELETE FROM {default} WHERE bucket >= {lo} AND bucket < {hi} RETURNING *) \
              INSERT INTO {part} SELECT * FROM moved"
@@ -234,9 +244,10 @@ async fn create_ahead(pool: &PgPool, names: &InboxNames, report: &mut PartitionR
         execute(
             &mut tx,
             format!(
-                "ALTER TABLE {part} ADD CONSTRAINT \"{name}_range\" CHECK (bucket >= {lo} AND bucket < {hi}); \
+                "ALTER TABLE {part} ADD CONSTRAINT \"{table}_range\" CHECK (bucket >= {lo} AND bucket < {hi}); \
                  ALTER TABLE {inbox} ATTACH PARTITION {part} FOR VALUES FROM ({lo}) TO ({hi}); \
-                 ALTER TABLE {part} DROP CONSTRAINT \"{name}_range\""
+                 ALTER TABLE {part} DROP CONSTRAINT \"{table}_range\"",
+                table = names.table
             ),
         )
         .await?;
@@ -303,10 +314,16 @@ async fn drop_if_done(pool: &PgPool, names: &InboxNames, part: &Part) -> Result<
     if let Some((holder, reason)) = holder {
         return Ok(Verdict::Kept(holder, reason));
     }
-    let Some(mut tx) = locked(pool, names).await? else {
-        return Ok(Verdict::Kept(String::new(), "another consumer's round holds the lock".to_owned()));
-    };
-    execute(&mut tx, format!("ALTER TABLE {} DETACH PARTITION {rel}", names.inbox)).await?;
+    let Some(mut tx) = locked(pool, names).await? else { return Ok(Verdict::Busy) };
+    // Inserts queue behind the detach while it waits for its lock: a second at most, then
+    // the partition waits for the next round and the round goes on.
+    if let Err(error) = execute(&mut tx, format!("ALTER TABLE {} DETACH PARTITION {rel}", names.inbox)).await
+    {
+        if lock_timeout(&error) {
+            return Ok(Verdict::Busy);
+        }
+        return Err(error);
+    }
     let holder: Option<(String, String)> =
         sqlx::query_as(AssertSqlSafe(check)).fetch_optional(&mut *tx).await?;
     if let Some((holder, reason)) = holder {
@@ -328,6 +345,14 @@ enum Verdict {
     Kept(String, String),
     /// The legacy partition, empty: nothing to drop.
     Empty,
+    /// Another round holds the table's maintenance lock, or the detach's lock timed out:
+    /// looked at again next round.
+    Busy,
+}
+
+/// Whether `error` is PostgreSQL's lock timeout (55P03).
+fn lock_timeout(error: &crate::Error) -> bool {
+    matches!(error, crate::Error::Database(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("55P03"))
 }
 
 #[cfg(test)]

@@ -59,6 +59,25 @@ pub(crate) async fn layout(db: impl sqlx::PgExecutor<'_>, names: &InboxNames) ->
     Ok(if relkind.as_deref() == Some("p") { Layout::Partitioned } else { Layout::Plain })
 }
 
+/// Whether an insert's error says the dedup table changed under it, so that the same
+/// insert passes when tried again: no `bucket` given to a table partitioned since (the
+/// store then inserts with it, [`Store::saw`](super::store::Store::saw)), or a row routed
+/// to the default partition while a partition for its span was being attached. Retried,
+/// never parked.
+pub(crate) fn layout_changed(error: &sqlx::Error) -> bool {
+    let Some(pg) =
+        error.as_database_error().and_then(|d| d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>())
+    else {
+        return false;
+    };
+    match pg.code() {
+        "23502" => pg.column() == Some("bucket"),
+        // A partition constraint names no constraint; a check constraint would.
+        "23514" => pg.table().is_some_and(|t| t.ends_with("_default")) && pg.constraint().is_none(),
+        _ => false,
+    }
+}
+
 /// `"schema"."<table><suffix>"`.
 pub(crate) fn relation(names: &InboxNames, suffix: &str) -> String {
     format!("\"{}\".\"{}{suffix}\"", names.schema, names.table)
@@ -105,8 +124,10 @@ pub(crate) fn dedup_match(names: &InboxNames, layout: Layout, event_id: &str) ->
 /// Migration 6: the bucket function, each consumer's retention, the partitions' span; and
 /// an empty dedup table (a new install) made partitioned at once.
 pub(crate) fn migration_sql(names: &InboxNames) -> String {
-    let inbox = &names.inbox;
+    let InboxNames { schema, table, inbox, .. } = names;
     let bucket = bucket_fn(names);
+    let replaced = relation(names, "_replaced");
+    let access = convert::access_sql(&replaced, inbox);
     let consumers = relation(names, "_consumers");
     let partitioning = relation(names, "_partitioning");
     let parent = parent_sql(names, true);
@@ -135,11 +156,15 @@ CREATE TABLE {partitioning} (
 INSERT INTO {partitioning} DEFAULT VALUES;
 -- A new install (an empty table) starts partitioned; an existing one stays as it is until
 -- an operator converts it (`outbox inbox partition`), online.
+-- The new table keeps the old one's owner and privileges.
 DO $convert$ BEGIN
     LOCK TABLE {inbox} IN ACCESS EXCLUSIVE MODE;
     IF NOT EXISTS (SELECT 1 FROM {inbox}) THEN
-        DROP TABLE {inbox};
+        ALTER TABLE {inbox} RENAME TO "{table}_replaced";
+        ALTER INDEX "{schema}"."{table}_applied_at" RENAME TO "{table}_replaced_at";
         {parent}
+        {access};
+        DROP TABLE {replaced};
     END IF;
 END $convert$;
 "#

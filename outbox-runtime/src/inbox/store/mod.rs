@@ -8,7 +8,7 @@ use tracing::{warn, Instrument as _};
 
 use super::handler::{Dispatch, Handlers, Meta, Resolved};
 use super::message::{raw_headers_json, Incoming};
-use super::partitions::{dedup_insert, dedup_match, layout, Layout};
+use super::partitions::{dedup_insert, dedup_match, layout, layout_changed, Layout};
 use super::spans;
 use crate::error::{Error, Result};
 use crate::table::sql;
@@ -165,12 +165,9 @@ impl Store {
     /// it was partitioned while this consumer ran (`InboxAdmin::partition_table`), so the
     /// next attempt inserts with the bucket.
     pub(crate) fn saw(&self, error: sqlx::Error) -> Error {
-        let converted = error.as_database_error().is_some_and(|d| {
-            d.code().as_deref() == Some("23502")
-                && d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().and_then(|p| p.column())
-                    == Some("bucket")
-        });
-        if converted && self.layout.swap(2, Ordering::Relaxed) != 2 {
+        let partitioned = layout_changed(&error)
+            && error.as_database_error().and_then(|d| d.code()).as_deref() == Some("23502");
+        if partitioned && self.layout.swap(2, Ordering::Relaxed) != 2 {
             warn!(consumer = %self.consumer, stage = "apply", "the dedup table was partitioned: inserting with the bucket from now on");
         }
         error.into()
