@@ -77,6 +77,8 @@ pub struct NewEvent {
     headers: String,
     record_bytes: usize,
     critical: bool,
+    /// The caller gave the event id: checked against the whole table before the insert.
+    given_id: bool,
 }
 
 impl NewEvent {
@@ -125,6 +127,7 @@ impl NewEvent {
             headers,
             record_bytes,
             critical: !options.non_critical,
+            given_id: options.event_id.is_some(),
         })
     }
 
@@ -201,6 +204,25 @@ impl Outbox {
         self.names().not_migrated(error)
     }
 
+    /// Whether migration 11's check of caller-given event ids exists, looked up until it
+    /// does (then remembered): before it, the table cannot be partitioned (converting needs
+    /// it), and its unique index refuses a duplicate by itself, so a service upgraded before
+    /// its database is migrated appends as before.
+    async fn check_ids_ready(&self, conn: &mut PgConnection) -> Result<bool> {
+        if self.inner.check_ids_ready.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(true);
+        }
+        let names = self.names();
+        let ready: bool = sqlx::query_scalar("SELECT to_regprocedure($1) IS NOT NULL")
+            .bind(format!("\"{}\".\"{}_check_event_ids\"(uuid[])", names.schema, names.table))
+            .fetch_one(conn)
+            .await?;
+        if ready {
+            self.inner.check_ids_ready.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(ready)
+    }
+
     async fn insert(&self, conn: &mut PgConnection, events: &[NewEvent]) -> Result<()> {
         let max = self.config().max_record_bytes;
         if let Some(big) = events.iter().find(|e| e.record_bytes > max) {
@@ -218,6 +240,12 @@ impl Outbox {
         // event is never refused, and a batch goes in whole or not at all.
         if events.iter().all(|e| !e.critical) {
             self.admit_non_critical(&mut *conn, events[0].event_type).await?;
+        }
+        // Ids the caller gave: a partitioned table holds a unique index of event ids per
+        // partition, so the whole table is looked at first, under each id's lock.
+        let given: Vec<Uuid> = events.iter().filter(|e| e.given_id).map(|e| e.event_id).collect();
+        if !given.is_empty() && self.check_ids_ready(&mut *conn).await? {
+            sqlx::query(self.inner.insert.check_ids.clone()).bind(given).execute(&mut *conn).await?;
         }
         if let [event] = events {
             let query = sqlx::query(self.inner.insert.one.clone())

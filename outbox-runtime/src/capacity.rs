@@ -17,7 +17,11 @@ pub(crate) fn fill_sql(names: &Names, capacity: Capacity) -> String {
             format!("SELECT count(*) FROM {} WHERE status IN ('pending', 'failed')", names.outbox)
         }
         Capacity::Bytes(_) => {
-            format!("SELECT pg_total_relation_size('{}')", names.outbox.replace('\'', "''"))
+            format!(
+                "SELECT coalesce(sum(pg_total_relation_size(relid)), 0)::bigint \
+                 FROM (SELECT '{t}'::regclass AS relid UNION SELECT relid FROM pg_partition_tree('{t}')) AS t",
+                t = names.outbox.replace('\'', "''")
+            )
         }
     }
 }

@@ -85,12 +85,42 @@ impl Cleanup {
                 () = tokio::time::sleep(self.interval) => {}
                 () = shutdown.cancelled() => return,
             }
-            match outbox.delete_published(&pool, self.retention, self.batch_size, &shutdown).await {
+            match self.delete(&pool, &outbox, &shutdown).await {
                 Ok(0) => {}
                 Ok(deleted) => debug!(deleted, stage = "cleanup", "deleted published events past retention"),
                 Err(error) => warn!(stage = "cleanup", %error, "cleanup failed; trying again next round"),
             }
         }
+    }
+}
+
+impl Cleanup {
+    /// One round: the published rows past retention deleted, from the whole table, or for a
+    /// partitioned one from its legacy and default partitions only (the others leave whole,
+    /// dropped by the partitions' maintenance).
+    async fn delete(&self, pool: &PgPool, outbox: &Outbox, stop: &CancellationToken) -> Result<u64> {
+        let names = outbox.names();
+        if !crate::partition::is_partitioned(pool, names).await? {
+            return outbox.delete_published(pool, self.retention, self.batch_size, stop).await;
+        }
+        let mut total = 0;
+        for suffix in ["_legacy", "_default"] {
+            let table = crate::partition::relation(names, suffix);
+            let exists: Option<String> =
+                sqlx::query_scalar("SELECT to_regclass($1)::text").bind(&table).fetch_one(pool).await?;
+            if exists.is_none() {
+                continue;
+            }
+            while !stop.is_cancelled() {
+                let sql = delete_batch_sql(&table, &names.cleaned, Deletable::Published);
+                let deleted = outbox.delete_with(pool, sql, self.retention, self.batch_size).await?;
+                total += deleted;
+                if deleted < u64::from(self.batch_size) {
+                    break;
+                }
+            }
+        }
+        Ok(total)
     }
 }
 
@@ -179,12 +209,30 @@ impl Outbox {
     ) -> Result<u64> {
         let names = self.names();
         let sql = delete_batch_sql(&names.outbox, &names.cleaned, which);
+        self.delete_with(pool, sql, older_than, batch_size).await
+    }
+
+    /// Runs one deletion batch statement of [`delete_batch_sql`].
+    async fn delete_with(
+        &self,
+        pool: &PgPool,
+        sql: String,
+        older_than: Duration,
+        batch_size: u32,
+    ) -> Result<u64> {
         let older_ms = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+        // Under the partitions' maintenance lock, taken before the DELETE's snapshot: a
+        // partition counted into the tally and dropped meanwhile is gone when this batch
+        // looks, and one this batch deletes from is counted without those rows; never
+        // counted twice.
+        let mut tx = pool.begin().await?;
+        sqlx::query(crate::partition::MAINTENANCE_LOCK).bind(&self.names().outbox).execute(&mut *tx).await?;
         let deleted: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
             .bind(older_ms)
             .bind(i64::from(batch_size))
-            .fetch_one(pool)
+            .fetch_one(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(u64::try_from(deleted).unwrap_or(0))
     }
 }

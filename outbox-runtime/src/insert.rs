@@ -14,6 +14,8 @@ pub(crate) struct InsertStatements {
     pub(crate) one: SqlStr,
     /// A batch: one array per column.
     pub(crate) batch: SqlStr,
+    /// The check of caller-given event ids against the whole table (migration 11).
+    pub(crate) check_ids: SqlStr,
 }
 
 impl InsertStatements {
@@ -21,6 +23,11 @@ impl InsertStatements {
         InsertStatements {
             one: AssertSqlSafe(insert_one_sql(names, notify, lock_aggregates)).into_sql_str(),
             batch: AssertSqlSafe(insert_sql(names, notify, lock_aggregates)).into_sql_str(),
+            check_ids: AssertSqlSafe(format!(
+                "SELECT \"{}\".\"{}_check_event_ids\"($1::uuid[])",
+                names.schema, names.table
+            ))
+            .into_sql_str(),
         }
     }
 }

@@ -86,6 +86,8 @@ mod migrate;
 pub mod ops;
 #[cfg(feature = "runtime")]
 mod outbox;
+#[cfg(feature = "runtime")]
+mod partition;
 pub mod registry;
 #[cfg(feature = "runtime")]
 pub mod relay;

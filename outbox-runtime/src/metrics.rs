@@ -25,6 +25,9 @@
 //! | `outbox_fenced_total` | counter | | marks refused after a lease passed on |
 //! | `outbox_relay_order_gaps_total` | counter | | events the broker acknowledged after an earlier event of their aggregate failed, or out of partition order: never expected (alert on any) |
 //! | `outbox_relay_purges_total` | counter | `why` = deadline (a batch not acknowledged within the message timeout), again (a record outlived that purge; at most 5 per record) | purges of the producer's queue and requests in flight |
+//! | `outbox_partitions` | gauge | | partitions of a partitioned outbox table (the legacy one included) after the last maintenance round |
+//! | `outbox_partitions_overdue` | gauge | | of those, past retention but kept because they hold pending or failed events |
+//! | `outbox_partition_errors_total` | counter | | partition maintenance rounds that failed (the next round tries again) |
 //! | `outbox_relay_claim_windows_passed_total` | counter | | claims whose window of fresh events was full of events held back behind an earlier event of their aggregate (waiting for a retry or failed), so that the next claim walks on past it |
 //! | `outbox_refused_total` | counter | `event_type` | non-critical appends refused near capacity |
 //! | `outbox_relay_batch_seconds` | histogram | | one relay batch: read, publish, mark |
@@ -92,6 +95,9 @@ pub(crate) const INBOX_BUFFERED: &str = "inbox_buffered_bytes";
 pub(crate) const INBOX_RECEIVE_ERRORS: &str = "inbox_receive_errors_total";
 pub(crate) const INBOX_PARTITIONS: &str = "inbox_partitions";
 pub(crate) const INBOX_PARTITIONS_OVERDUE: &str = "inbox_partitions_overdue";
+pub(crate) const OUTBOX_PARTITIONS: &str = "outbox_partitions";
+pub(crate) const OUTBOX_PARTITIONS_OVERDUE: &str = "outbox_partitions_overdue";
+pub(crate) const OUTBOX_PARTITION_ERRORS: &str = "outbox_partition_errors_total";
 
 /// Sets the gauges of a relay's database pool: connections open and in use, and its
 /// maximum.

@@ -148,6 +148,20 @@ pub(crate) const TOUCHED: &str =
 /// (every open row) into the primary key lookup; this leaves it the lookup alone.
 pub(crate) const PENDING_BY_ID: &str = "o.status = 'pending' COLLATE \"C\"";
 
+/// The lowest id of any open row (pending or failed), as a scalar subquery over the
+/// indexes that hold them (fresh, touched, failed): a lower bound that every per-aggregate
+/// probe of a claim can add, so that it reads only the partitions that can hold such a
+/// row, not every partition the table ever had. NULL when there is none.
+pub(crate) fn open_floor_sql(outbox: &str) -> String {
+    format!(
+        "(SELECT least( \
+           (SELECT min(id) FROM {outbox} WHERE status = 'pending' AND next_attempt_at = '-infinity'), \
+           (SELECT min(id) FROM {outbox} WHERE status = 'pending' AND {touched}), \
+           (SELECT min(id) FROM {outbox} WHERE status = 'failed')))",
+        touched = TOUCHED
+    )
+}
+
 fn migrations(names: &Names, work_partitions: u32) -> Vec<Migration> {
     let outbox = &names.outbox;
     let leases = &names.leases;
@@ -293,6 +307,15 @@ CREATE TABLE {topics} (
 "#,
         topics = names.topics,
     );
+    // A caller-given event id is checked against the whole table (a partitioned one holds a
+    // unique index per partition), and a partitioned outbox's span and partitions ahead.
+    let v11 = crate::partition::check_event_ids_sql(names);
+    // Failed events by id, for the lowest open id a partitioned outbox's claim bounds its
+    // probes with. An append inserts none (its rows are pending): it costs appends nothing.
+    let v12 = format!(
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS {failed} ON {outbox} (id) WHERE status = 'failed'",
+        failed = names.index("failed"),
+    );
     let v9 = format!("DROP INDEX CONCURRENTLY IF EXISTS \"{}\".{}", names.schema, names.index("pending"));
     // (version, description, SQL, whether it runs outside a transaction: CONCURRENTLY)
     [
@@ -306,6 +329,8 @@ CREATE TABLE {topics} (
         (8, "index of events waiting for a retry, by due time", v8, true),
         (9, "the pending index, replaced by the fresh and due ones", v9, true),
         (10, "missing topics, the relays' shared clock", v10, false),
+        (11, "event id check across partitions, partitioning settings", v11, false),
+        (12, "index of failed events by id", v12, true),
     ]
     .into_iter()
     .map(|(version, description, sql, no_tx)| {

@@ -205,6 +205,8 @@ pub(crate) struct Inner {
     pub(crate) insert: InsertStatements,
     /// The last measured fill level, for non-critical appends.
     pub(crate) fill: Mutex<Option<(Instant, u64)>>,
+    /// Migration 11's check of caller-given event ids was found (see `Outbox::insert`).
+    pub(crate) check_ids_ready: std::sync::atomic::AtomicBool,
 }
 
 impl Outbox {
@@ -233,7 +235,15 @@ impl Outbox {
             return Err(Error::Config("capacity must be above 0".to_owned()));
         }
         let insert = InsertStatements::new(&names, config.notify, config.lock_aggregates);
-        Ok(Outbox { inner: Arc::new(Inner { config, names, insert, fill: Mutex::new(None) }) })
+        Ok(Outbox {
+            inner: Arc::new(Inner {
+                config,
+                names,
+                insert,
+                fill: Mutex::new(None),
+                check_ids_ready: std::sync::atomic::AtomicBool::new(false),
+            }),
+        })
     }
 
     /// The outbox with [`OutboxConfig::default`]: table `public.outbox`.

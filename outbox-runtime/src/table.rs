@@ -108,6 +108,24 @@ impl Names {
     }
 }
 
+/// Gives `to` the owner and the privileges of `from` (both quoted relation names): the
+/// roles that wrote the table before it was replaced (made partitioned) still can.
+pub(crate) fn access_sql(from: &str, to: &str) -> String {
+    format!(
+        "DO $access$ DECLARE g record; BEGIN \
+           EXECUTE format('ALTER TABLE %s OWNER TO %I', '{to}', \
+             (SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = '{from}'::regclass)); \
+           FOR g IN SELECT a.privilege_type, a.grantee, a.is_grantable \
+                    FROM pg_class c, aclexplode(c.relacl) a \
+                    WHERE c.oid = '{from}'::regclass AND a.grantee <> c.relowner LOOP \
+             EXECUTE format('GRANT %s ON %s TO %s%s', g.privilege_type, '{to}', \
+               CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END, \
+               CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END); \
+           END LOOP; \
+         END $access$"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

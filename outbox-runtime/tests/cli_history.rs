@@ -167,3 +167,35 @@ async fn reconcile_exits_1_and_names_a_published_event_missing_from_the_inbox(po
     let bad = outbox_cli(&pool, &["reconcile", "--since", "now", "--until=-infinity"]);
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
 }
+
+/// `outbox partition` converts the table with its rows in the legacy partition, says so,
+/// and changes nothing run again; `partition --maintain` prints the round as JSON, and
+/// exits 2 on a table that is not partitioned.
+#[sqlx::test(migrations = false)]
+async fn partition_converts_the_outbox_and_maintain_prints_the_round(pool: PgPool) {
+    seed(&pool).await;
+    let not_yet = outbox_cli(&pool, &["partition", "--maintain"]);
+    assert_eq!(not_yet.status.code(), Some(2), "{not_yet:?}");
+    let out = outbox_cli(&pool, &["partition"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(stdout(&out).contains("is partitioned"), "{}", stdout(&out));
+    let legacy: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox_legacy").fetch_one(&pool).await.expect("legacy rows");
+    assert_eq!(legacy, 4);
+    let again = outbox_cli(&pool, &["partition"]);
+    assert!(stdout(&again).contains("partitioned already"), "{}", stdout(&again));
+    // The status reads the partitioned table as it read the plain one.
+    let status = outbox_cli(&pool, &["status", "--json"]);
+    let status: serde_json::Value = serde_json::from_str(&stdout(&status)).expect("json");
+    assert_eq!((status["pending"].as_i64(), status["failed"].as_i64()), (Some(2), Some(1)), "{status}");
+    assert!(
+        status["table_bytes"].as_i64().expect("bytes") > 0,
+        "the size of its partitions, not of the parent: {status}"
+    );
+    let round = outbox_cli(&pool, &["partition", "--maintain", "--retention", "7d"]);
+    assert_eq!(round.status.code(), Some(0), "{round:?}");
+    let report: serde_json::Value = serde_json::from_str(&stdout(&round)).expect("json");
+    assert_eq!(report["skipped"], false, "{report}");
+    assert_eq!(report["dropped"], serde_json::json!([]), "the legacy partition holds young events: {report}");
+    assert_eq!(report["partitions"], 4, "legacy and three partitions: {report}");
+}

@@ -53,6 +53,18 @@ pub struct SlotStatus {
     pub safe_wal_size: Option<i64>,
 }
 
+/// [`Error::Config`] when the outbox table is partitioned: the stream decodes one
+/// table's inserts, and a partitioned table's arrive as its partitions'.
+async fn check_plain(pool: &PgPool, outbox: &Outbox) -> Result<()> {
+    if crate::partition::is_partitioned(pool, outbox.names()).await? {
+        return Err(Error::Config(format!(
+            "{} is partitioned: the change-data-capture relay reads a plain outbox table only; run the polling relay",
+            outbox.names().outbox
+        )));
+    }
+    Ok(())
+}
+
 impl CdcConfig {
     /// Creates the publication (`FOR TABLE <outbox> WITH (publish = 'insert')`) and the
     /// logical replication slot (`pgoutput`) when they are missing, then hands the pending
@@ -63,6 +75,7 @@ impl CdcConfig {
     /// [`Error::Config`] when `wal_level` is not `logical`, naming the fix.
     pub async fn setup(&self, pool: &PgPool, outbox: &Outbox) -> Result<SetupReport> {
         outbox.check_migrated_for_relay(pool, false).await?;
+        check_plain(pool, outbox).await?;
         check_wal_level(pool).await?;
         let names = outbox.names();
         let publication_created = !publication_exists(pool, &self.publication).await?;
@@ -105,6 +118,7 @@ impl CdcConfig {
     /// # Errors
     /// [`Error::Config`] naming what is missing and what to run.
     pub async fn check(&self, pool: &PgPool, outbox: &Outbox) -> Result<()> {
+        check_plain(pool, outbox).await?;
         check_wal_level(pool).await?;
         let names = outbox.names();
         let setup = "run `outbox cdc setup` (or CdcConfig::setup) first";

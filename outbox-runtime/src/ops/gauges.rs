@@ -30,10 +30,11 @@ pub struct Gauges {
     pub published_per_second: f64,
     /// The outbox table's size with its indexes and TOAST, in bytes.
     pub table_bytes: i64,
-    /// Dead tuples in the outbox table (`pg_stat_user_tables`).
+    /// Dead tuples in the outbox table (`pg_stat_user_tables`; of a partitioned one, all
+    /// its partitions').
     pub dead_tuples: i64,
-    /// Seconds since the outbox table was last vacuumed, by hand or by autovacuum; `None`
-    /// when it never was.
+    /// Seconds since the outbox table was last vacuumed, by hand or by autovacuum (a
+    /// partitioned one: its partition vacuumed last); `None` when it never was.
     pub seconds_since_vacuum: Option<f64>,
     /// Seconds since its statistics were last gathered (`ANALYZE` or autoanalyze); `None`
     /// when they never were.
@@ -75,12 +76,17 @@ impl Ops {
                       (SELECT min(created_at) FROM {t} WHERE status = 'failed')))::float8, \
                     (SELECT count(*) FROM {t} WHERE created_at >= now() - $1 * interval '1 second'), \
                     (SELECT count(*) FROM {t} WHERE published_at >= now() - $1 * interval '1 second'), \
-                    pg_total_relation_size($2::regclass), \
+                    (SELECT coalesce(sum(pg_total_relation_size(relid)), 0)::bigint FROM (SELECT $2::regclass AS relid UNION SELECT relid FROM pg_partition_tree($2::regclass)) AS t), \
                     coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0), \
-                    EXTRACT(EPOCH FROM now() - GREATEST(s.last_vacuum, s.last_autovacuum))::float8, \
-                    EXTRACT(EPOCH FROM now() - GREATEST(s.last_analyze, s.last_autoanalyze))::float8, \
+                    EXTRACT(EPOCH FROM now() - s.vacuumed)::float8, \
+                    EXTRACT(EPOCH FROM now() - s.analyzed)::float8, \
                     coalesce(s.n_mod_since_analyze, 0) \
-             FROM (SELECT 1) AS one LEFT JOIN pg_stat_user_tables s ON s.relid = $2::regclass"
+             FROM (SELECT sum(n_dead_tup)::bigint AS n_dead_tup, sum(n_live_tup)::bigint AS n_live_tup, \
+                          max(GREATEST(last_vacuum, last_autovacuum)) AS vacuumed, \
+                          max(GREATEST(last_analyze, last_autoanalyze)) AS analyzed, \
+                          sum(n_mod_since_analyze)::bigint AS n_mod_since_analyze \
+                   FROM pg_stat_user_tables \
+                   WHERE relid IN (SELECT $2::regclass UNION SELECT relid FROM pg_partition_tree($2::regclass))) AS s"
         );
         type Row = (i64, i64, i64, Option<f64>, i64, i64, i64, i64, i64, Option<f64>, Option<f64>, i64);
         let mut tx = pool.begin().await?;

@@ -16,12 +16,14 @@ use crate::outbox::Outbox;
 mod bulk;
 mod deprecated;
 mod gauges;
+mod partition;
 mod purge;
 mod reconcile;
 mod replay;
 
 pub use crate::action::{ActionFilter, ActionReport};
 pub use gauges::Gauges;
+pub use partition::{KeptPartition, PartitionReport};
 pub use reconcile::{InboxSide, Reconciliation, ReconciliationRow};
 pub use replay::{ReplayFilter, ReplayReport};
 
@@ -50,7 +52,7 @@ pub struct Status {
     pub published_per_second: f64,
     /// The window the rates are measured over.
     pub window_seconds: f64,
-    /// The outbox table's size with its indexes and TOAST, in bytes.
+    /// The outbox table's size with its indexes and TOAST, in bytes (all its partitions').
     pub table_bytes: i64,
     /// Dead tuples in the outbox table, as `pg_stat_user_tables` counts them (vacuum's backlog).
     pub dead_tuples: i64,
@@ -229,9 +231,11 @@ impl Ops {
                     count(*) FILTER (WHERE status = 'pending' AND next_attempt_at > '-infinity'), \
                     (SELECT count(*) FROM {t} WHERE created_at >= now() - $1 * interval '1 second'), \
                     (SELECT count(*) FROM {t} WHERE published_at >= now() - $1 * interval '1 second'), \
-                    pg_total_relation_size($2::regclass), \
-                    coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $2::regclass), 0), \
-                    coalesce((SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = $2::regclass), 0) \
+                    (SELECT coalesce(sum(pg_total_relation_size(relid)), 0)::bigint FROM (SELECT $2::regclass AS relid UNION SELECT relid FROM pg_partition_tree($2::regclass)) AS t), \
+                    (SELECT coalesce(sum(n_dead_tup), 0)::bigint FROM pg_stat_user_tables \
+                      WHERE relid IN (SELECT $2::regclass UNION SELECT relid FROM pg_partition_tree($2::regclass))), \
+                    (SELECT coalesce(sum(n_live_tup), 0)::bigint FROM pg_stat_user_tables \
+                      WHERE relid IN (SELECT $2::regclass UNION SELECT relid FROM pg_partition_tree($2::regclass))) \
              FROM {t}",
             t = names.outbox
         );

@@ -9,6 +9,7 @@ use crate::error::Result;
 use crate::migrate::PENDING_BY_ID;
 use crate::table::{sql, Names};
 
+pub(crate) use super::cursor::FreshCursor;
 pub(crate) use super::mark::{Fence, Marked, Marks};
 
 /// One outbox row as the relay publishes it.
@@ -73,6 +74,9 @@ pub(crate) struct Statements {
     /// The whole outbox's claim (under [`CLAIM_PLAN`]), not the table path's (which reads
     /// the small `touched` and `blocked` indexes as the planner likes).
     whole: bool,
+    /// The planner settings of the whole outbox's claim: [`CLAIM_PLAN`], or
+    /// [`CLAIM_PLAN_PARTITIONED`] for a partitioned outbox.
+    plan: &'static str,
     /// Free work partitions (no live lease), at most the relay's share, locked
     /// `FOR UPDATE SKIP LOCKED` for the transaction of the relay that holds locks: relays of
     /// either model never publish one partition at once.
@@ -93,6 +97,16 @@ const CLAIM_PLAN: &str = "SELECT set_config('enable_seqscan', 'off', true), \
      set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true), \
      set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)";
 
+/// [`CLAIM_PLAN`] for a partitioned outbox, with no materialized inner side either: the
+/// planner took a partitioned table's per-aggregate probe as one read of every partition's
+/// waiting rows, kept and filtered again for each claimed row, which is O(waiting rows) per
+/// row in a broker outage; this leaves it the probe of each row's aggregate, bounded to the
+/// partitions from the lowest open id.
+const CLAIM_PLAN_PARTITIONED: &str = "SELECT set_config('enable_seqscan', 'off', true), \
+     set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true), \
+     set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true), \
+     set_config('enable_material', 'off', true)";
+
 /// Planner settings for the marks, local to their transaction: the rows are found by
 /// primary key (`id = ANY`, the batch's ids) and hash-joined with their values. Left to the
 /// planner, an un-analysed table got a hash of every pending row, each with its own fence
@@ -104,7 +118,16 @@ pub(crate) const MARK_PLAN: &str = "SELECT set_config('enable_seqscan', 'off', t
 
 impl Statements {
     pub(crate) fn new(names: &Names) -> Self {
-        Self::with_scope(names, "")
+        Self::with_scope(names, "", false)
+    }
+
+    /// [`Statements::new`] for a partitioned outbox: each per-aggregate probe bounded below
+    /// by the lowest open id ([`open_floor_sql`](crate::migrate::open_floor_sql)), so
+    /// that it reads the partitions that can hold an open row and no older one; each mark
+    /// bounded by its batch's lowest and highest id, so that it reads their partitions only.
+    /// The same rows either way: the bounds only leave out partitions with none.
+    pub(crate) fn partitioned(names: &Names) -> Self {
+        Self::with_scope(names, "", true)
     }
 
     /// The change-data-capture relay's table path: only rows something touched since
@@ -112,11 +135,25 @@ impl Statements {
     /// retry, put up again by an operator); a fresh row is the stream's.
     #[cfg(feature = "cdc")]
     pub(crate) fn table_path(names: &Names) -> Self {
-        Self::with_scope(names, &format!("AND {} ", crate::migrate::TOUCHED))
+        Self::with_scope(names, &format!("AND {} ", crate::migrate::TOUCHED), false)
     }
 
-    fn with_scope(names: &Names, scope: &str) -> Self {
+    fn with_scope(names: &Names, scope: &str, partitioned: bool) -> Self {
         let (outbox, leases) = (&names.outbox, &names.leases);
+        let floor = |alias: &str| {
+            if partitioned {
+                format!(" AND {alias}.id >= {}", crate::migrate::open_floor_sql(outbox))
+            } else {
+                String::new()
+            }
+        };
+        let (p_floor, q_floor) = (floor("p"), floor("q"));
+        let ids = if partitioned {
+            " AND o.id >= (SELECT min(b) FROM unnest($1::bigint[]) AS b) \
+              AND o.id <= (SELECT max(b) FROM unnest($1::bigint[]) AS b)"
+        } else {
+            ""
+        };
         let columns = "o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version, \
                         o.event_type, o.schema_version, o.topic, o.payload::text AS payload, \
                         o.headers::text AS headers, \
@@ -134,7 +171,7 @@ impl Statements {
                 "NOT EXISTS ( \
                    SELECT 1 FROM {outbox} p \
                    WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id \
-                     AND p.id < o.id \
+                     AND p.id < o.id{p_floor} \
                      AND (p.status = 'failed' OR (p.status = 'pending' AND p.next_attempt_at > '-infinity')){rule})"
             )
         };
@@ -168,7 +205,7 @@ impl Statements {
                  AND ($4 = 0 OR NOT EXISTS ( \
                    SELECT 1 FROM {outbox} q \
                    WHERE q.aggregate_type = o.aggregate_type AND q.aggregate_id = o.aggregate_id \
-                     AND q.id < $4 AND q.status IN ('pending', 'failed')))"
+                     AND q.id < $4{q_floor} AND q.status IN ('pending', 'failed')))"
             );
             // The window a subquery, not a CTE: its order carries through, so that the walk
             // stops at `limit` rows without reading the rest of it. Its rows as they are
@@ -193,7 +230,7 @@ impl Statements {
                    AND NOT EXISTS ( \
                      SELECT 1 FROM {outbox} q \
                      WHERE q.aggregate_type = o.aggregate_type AND q.aggregate_id = o.aggregate_id \
-                       AND q.id < o.id AND q.status IN ('pending', 'failed') AND q.next_attempt_at = '-infinity' \
+                       AND q.id < o.id{q_floor} AND q.status IN ('pending', 'failed') AND q.next_attempt_at = '-infinity' \
                        AND q.id <> ALL($3) AND NOT EXISTS (SELECT 1 FROM fresh f WHERE f.id = q.id)) \
                  ORDER BY o.next_attempt_at, o.id LIMIT $2"
             );
@@ -229,6 +266,7 @@ impl Statements {
             claim: sql(claim),
             claim_locked: sql(claim_locked),
             whole: scope.is_empty(),
+            plan: if partitioned { CLAIM_PLAN_PARTITIONED } else { CLAIM_PLAN },
             lock_partitions: sql(format!(
                 "SELECT work_partition FROM {leases} WHERE owner IS NULL OR expires_at <= now() \
                  ORDER BY random() LIMIT $1 FOR UPDATE SKIP LOCKED"
@@ -247,19 +285,19 @@ impl Statements {
                 "UPDATE {outbox} o SET status = 'published', published_at = now(), attempts = o.attempts + 1, \
                         last_error = NULL, kafka_partition = d.kp, kafka_offset = d.ko \
                  FROM unnest($1::bigint[], $2::int[], $3::bigint[]) AS d(id, kp, ko) \
-                 WHERE o.id = ANY($1) AND o.id = d.id AND {PENDING_BY_ID} AND o.work_partition = ANY($4) \
+                 WHERE o.id = ANY($1) AND o.id = d.id{ids} AND {PENDING_BY_ID} AND o.work_partition = ANY($4) \
                  RETURNING EXTRACT(EPOCH FROM o.published_at - o.created_at)::float8, o.attempts"
             )),
             retry: sql(format!(
                 "UPDATE {outbox} o SET attempts = o.attempts + d.attempt, last_error = d.err, \
                         next_attempt_at = now() + d.delay_ms * interval '1 millisecond' \
                  FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::int[]) AS d(id, delay_ms, err, attempt) \
-                 WHERE o.id = ANY($1) AND o.id = d.id AND {PENDING_BY_ID} AND o.work_partition = ANY($5)"
+                 WHERE o.id = ANY($1) AND o.id = d.id{ids} AND {PENDING_BY_ID} AND o.work_partition = ANY($5)"
             )),
             failed: sql(format!(
                 "UPDATE {outbox} o SET status = 'failed', attempts = o.attempts + 1, last_error = d.err, failed_at = now() \
                  FROM unnest($1::bigint[], $2::text[]) AS d(id, err) \
-                 WHERE o.id = ANY($1) AND o.id = d.id AND {PENDING_BY_ID} AND o.work_partition = ANY($3)"
+                 WHERE o.id = ANY($1) AND o.id = d.id{ids} AND {PENDING_BY_ID} AND o.work_partition = ANY($3)"
             )),
         }
     }
@@ -303,7 +341,7 @@ impl Statements {
         cursor: Option<&mut FreshCursor>,
     ) -> Result<Vec<Row>> {
         if self.whole {
-            sqlx::query(CLAIM_PLAN).execute(&mut *tx).await?;
+            sqlx::query(self.plan).execute(&mut *tx).await?;
         }
         let query = sqlx::query(claim.clone()).bind(partitions).bind(limit).bind(marking);
         if !self.whole {
@@ -388,7 +426,7 @@ impl Statements {
         from: i64,
     ) -> Result<Vec<serde_json::Value>> {
         let mut tx = pool.begin().await?;
-        sqlx::query(CLAIM_PLAN).execute(&mut *tx).await?;
+        sqlx::query(self.plan).execute(&mut *tx).await?;
         let mut plans = Vec::new();
         for statement in self.claim_sql() {
             plans.push(
@@ -410,54 +448,6 @@ impl Statements {
     #[cfg(test)]
     pub(crate) fn claim_sql(&self) -> Vec<&str> {
         vec![self.claim.as_str()]
-    }
-}
-
-/// Where the claim's walk of fresh rows starts: from the start (`from` 0) as long as its
-/// window of `4 * limit` index entries holds enough rows to take; past a window that did
-/// not (rows held back behind an earlier row of their aggregate, waiting or failed, fill
-/// it), from the entry after it, and so on to the end of the index, then from the start
-/// again. So a claim reads O(batch) entries however many rows are held back, and a poison
-/// event with a million later events of its aggregate behind it costs each claim a window,
-/// not a million entries. A relay keeps one per loop; it starts from the start again
-/// whenever the partitions it holds change.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct FreshCursor {
-    /// The first id of the walk; 0 from the start.
-    pub(crate) from: i64,
-    /// The last claim's window was full and the walk goes on past it: claim again at once.
-    pub(crate) advancing: bool,
-}
-
-impl FreshCursor {
-    /// Entries of the fresh index a claim of `limit` rows reads at most.
-    pub(crate) fn window(limit: i64) -> i64 {
-        limit.saturating_mul(4).max(64)
-    }
-
-    /// Moves on after a claim of `limit` rows: `fresh` the ids its fresh walk found,
-    /// sorted, `kept` the batch, `full_to` the end of its window when the walk read all of
-    /// it and it was full.
-    fn moved(&mut self, limit: i64, full_to: Option<i64>, fresh: &[i64], kept: &[Row]) {
-        let kept_fresh: Vec<i64> =
-            kept.iter().map(|r| r.id).filter(|id| fresh.binary_search(id).is_ok()).collect();
-        let cut = fresh.len() > kept_fresh.len();
-        let from = if cut || i64::try_from(fresh.len()).is_ok_and(|n| n >= limit) {
-            // The batch is full of what the window holds: from the start again as before,
-            // or past the last row taken when walking on.
-            if self.from == 0 {
-                0
-            } else {
-                kept_fresh.last().map_or(self.from, |id| id + 1)
-            }
-        } else if let Some(window_end) = full_to {
-            // Rows held back filled the window: walk on past it.
-            window_end.saturating_add(1)
-        } else {
-            // The window reached the end of the index: from the start next time.
-            0
-        };
-        *self = FreshCursor { from, advancing: from > 0 };
     }
 }
 

@@ -29,6 +29,7 @@ pub(crate) mod batch;
 pub mod bench;
 pub(crate) mod claim;
 mod config;
+mod cursor;
 mod hold;
 mod lease;
 mod listen;
@@ -203,5 +204,7 @@ impl Relay {
 
 #[cfg(test)]
 mod cursor_tests;
+#[cfg(test)]
+mod partition_tests;
 #[cfg(test)]
 mod tests;

@@ -10,13 +10,17 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::claim::FreshCursor;
+use super::claim::{FreshCursor, Statements};
 use super::listen::listen;
 use super::{ClaimMode, Relay};
 use crate::backoff;
 use crate::error::Result;
 use crate::outbox::Outbox;
 use crate::secrets::redact_urls;
+
+/// How often a relay without cleanup runs a partitioned outbox's maintenance (moving on
+/// and creating partitions ahead; no drops without a retention).
+const PARTITION_ROUNDS: Duration = Duration::from_secs(60);
 
 /// How long shutdown waits for the background tasks (listener, cleanup, gauges) to stop.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(30);
@@ -42,6 +46,25 @@ impl Relay {
             Ok(()) => {}
         }
         let tracker = self.tasks.clone();
+        // A partitioned outbox: claims and marks bounded to the partitions that can hold
+        // their rows (the change-data-capture relay's table path reads plain tables only).
+        match crate::partition::is_partitioned(&self.pool, self.outbox.names()).await {
+            Ok(true) if self.listen => self.sql = Arc::new(Statements::partitioned(self.outbox.names())),
+            Ok(_) => {}
+            Err(error) => warn!(relay_id = %self.id(), %error,
+                                "cannot tell whether the outbox is partitioned; claiming as from a plain table"),
+        }
+        // The partitions' maintenance, with drops when the cleanup has a retention. Every
+        // relay runs it, whatever the layout at its start: a round does nothing on a plain
+        // table, and a relay started before a conversion maintains the partitions after it.
+        let cleanup = self.config.cleanup.as_ref();
+        tracker.spawn(crate::partition::maintain::run(
+            self.pool.clone(),
+            self.outbox.names().clone(),
+            cleanup.map(crate::relay::Cleanup::get_retention),
+            cleanup.map_or(PARTITION_ROUNDS, crate::relay::Cleanup::get_interval),
+            shutdown.clone(),
+        ));
         let wake = Arc::new(Notify::new());
         if self.listen {
             tracker.spawn(listen(

@@ -11,6 +11,7 @@ mod cdc;
 mod claim;
 mod inbox;
 mod notify;
+mod outbox_retention;
 mod relay;
 mod retention;
 
@@ -34,6 +35,7 @@ use self::cdc::cdc_throughput;
 use self::claim::{claim_backlog, claim_outage};
 use self::inbox::inbox_throughput;
 use self::notify::notify_latency;
+use self::outbox_retention::outbox_retention;
 use self::relay::relay_throughput;
 use self::retention::retention;
 
@@ -68,7 +70,8 @@ struct Sizes {
     claims: usize,
     steady_seconds: u64,
     inbox_events: i64,
-    /// Expired dedup rows removed, for `retention_drop_vs_delete`.
+    /// Expired dedup rows (and published events) removed, for `retention_drop_vs_delete`
+    /// (and `outbox_retention_drop_vs_delete`).
     retention_rows: i64,
 }
 
@@ -210,6 +213,18 @@ const RATIOS: &[(&str, &str, f64, bool)] = &[
         false,
     ),
     (
+        "outbox_retention_drop_vs_delete",
+        "time to remove published events past retention, dropping outbox partitions / batched DELETE",
+        f64::NAN,
+        false,
+    ),
+    (
+        "outbox_retention_drop_vs_delete_wal",
+        "WAL written for the same, dropping outbox partitions / batched DELETE",
+        f64::NAN,
+        false,
+    ),
+    (
         "hold_locks_vs_lease",
         "polling relay events/s holding each batch's locks across the send / leasing (mock cluster)",
         f64::NAN,
@@ -266,6 +281,7 @@ async fn bench(args: &BenchArgs, tansu: Option<&Tansu>) -> Result<(), Failure> {
     }
     if run("retention") {
         retention(&pool, sizes, &mut figures).await?;
+        outbox_retention(&pool, sizes, &mut figures).await?;
         progress("retention", started);
     }
     if run("notify") {

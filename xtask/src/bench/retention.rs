@@ -44,7 +44,7 @@ async fn load(pool: &PgPool, schema: &str, rows: i64, base_ms: u64, bucket: bool
 }
 
 /// Seconds and WAL bytes `work` takes, from a checkpoint.
-async fn measure<F, Fut>(pool: &PgPool, work: F) -> Result<(f64, f64), Failure>
+pub(super) async fn measure<F, Fut>(pool: &PgPool, work: F) -> Result<(f64, f64), Failure>
 where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = Result<(), Failure>>,

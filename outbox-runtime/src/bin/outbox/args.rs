@@ -94,6 +94,19 @@ pub(crate) enum Command {
         #[arg(long, default_value_t = Cleanup::default().get_batch_size())]
         batch_size: u32,
     },
+    /// Converts the outbox table into partitions by id range, online: the table becomes
+    /// the legacy partition as it is; only the last step locks it, for a moment. With
+    /// --maintain, runs one maintenance round of a partitioned outbox instead (what relays
+    /// do at their cleanup interval) and prints what it did.
+    Partition {
+        /// One maintenance round: create partitions ahead, move appends on, and with
+        /// --retention drop the partitions whose events are all done and past it.
+        #[arg(long)]
+        maintain: bool,
+        /// With --maintain: drop done partitions whose newest event is older (e.g. 7d).
+        #[arg(long, value_parser = parse_duration, requires = "maintain")]
+        retention: Option<Duration>,
+    },
     /// Counts events per type and hour: appended, published and, given the consumer's
     /// inbox, applied. Exits 1 when any differ.
     Reconcile(ReconcileArgs),

@@ -144,6 +144,26 @@ async fn dispatch(outbox: Outbox, pool: PgPool, url: &str, command: Command) -> 
                 .await?;
             println!("{deleted} published or discarded event(s) older than {older_than:?} deleted");
         }
+        Command::Partition { maintain: false, .. } => {
+            let converted = outbox.ops().partition_table(&pool).await?;
+            println!(
+                "{}",
+                if converted {
+                    "the outbox table is partitioned; its rows so far are in the legacy partition, cleaned as before"
+                } else {
+                    "the outbox table was partitioned already"
+                }
+            );
+        }
+        Command::Partition { maintain: true, retention } => {
+            match outbox.ops().maintain_partitions(&pool, retention).await? {
+                Some(report) => render::json(&report),
+                None => {
+                    eprintln!("the outbox table is not partitioned: run `outbox partition` first");
+                    return Ok(ExitCode::from(2));
+                }
+            }
+        }
         Command::Reconcile(args) => return reconcile(&outbox, &pool, args).await,
         Command::Inbox(args) => return inbox(pool, args).await,
     }

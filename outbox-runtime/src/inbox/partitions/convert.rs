@@ -149,7 +149,7 @@ impl InboxAdmin {
              ALTER TABLE {inbox} ATTACH PARTITION {legacy} FOR VALUES FROM (MINVALUE) TO ({LEGACY_BUCKET} + 1); \
              COMMIT;",
             parent = parent_sql(names, false),
-            access = access_sql(&legacy, inbox),
+            access = crate::table::access_sql(&legacy, inbox),
         );
         if let Err(error) = execute(conn, switch).await {
             let _ = execute(conn, "ROLLBACK".to_owned()).await;
@@ -157,22 +157,4 @@ impl InboxAdmin {
         }
         Ok(true)
     }
-}
-
-/// Gives `to` the owner and the privileges of `from` (both quoted relation names): the
-/// roles that wrote the dedup table still can.
-pub(crate) fn access_sql(from: &str, to: &str) -> String {
-    format!(
-        "DO $access$ DECLARE g record; BEGIN \
-           EXECUTE format('ALTER TABLE %s OWNER TO %I', '{to}', \
-             (SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = '{from}'::regclass)); \
-           FOR g IN SELECT a.privilege_type, a.grantee, a.is_grantable \
-                    FROM pg_class c, aclexplode(c.relacl) a \
-                    WHERE c.oid = '{from}'::regclass AND a.grantee <> c.relowner LOOP \
-             EXECUTE format('GRANT %s ON %s TO %s%s', g.privilege_type, '{to}', \
-               CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END, \
-               CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END); \
-           END LOOP; \
-         END $access$"
-    )
 }

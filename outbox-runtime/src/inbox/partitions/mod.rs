@@ -127,7 +127,7 @@ pub(crate) fn migration_sql(names: &InboxNames) -> String {
     let InboxNames { schema, table, inbox, .. } = names;
     let bucket = bucket_fn(names);
     let replaced = relation(names, "_replaced");
-    let access = convert::access_sql(&replaced, inbox);
+    let access = crate::table::access_sql(&replaced, inbox);
     let consumers = relation(names, "_consumers");
     let partitioning = relation(names, "_partitioning");
     let parent = parent_sql(names, true);
