@@ -126,6 +126,20 @@ pub(crate) fn access_sql(from: &str, to: &str) -> String {
     )
 }
 
+/// Whether `schema.table` is a partitioned table, from the catalog (`false` when it is a
+/// plain one or does not exist): the outbox's and the inbox's dedup table's layout.
+pub(crate) async fn is_partitioned(db: impl sqlx::PgExecutor<'_>, schema: &str, table: &str) -> Result<bool> {
+    let relkind: Option<String> = sqlx::query_scalar(
+        "SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname = $2",
+    )
+    .bind(schema)
+    .bind(table)
+    .fetch_optional(db)
+    .await?;
+    Ok(relkind.as_deref() == Some("p"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -46,15 +46,7 @@ pub(crate) const MAINTENANCE_LOCK: &str =
 
 /// Whether the outbox table is partitioned, from the catalog.
 pub(crate) async fn is_partitioned(db: impl sqlx::PgExecutor<'_>, names: &Names) -> Result<bool> {
-    let relkind: Option<String> = sqlx::query_scalar(
-        "SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-         WHERE n.nspname = $1 AND c.relname = $2",
-    )
-    .bind(&names.schema)
-    .bind(&names.table)
-    .fetch_optional(db)
-    .await?;
-    Ok(relkind.as_deref() == Some("p"))
+    crate::table::is_partitioned(db, &names.schema, &names.table).await
 }
 
 /// `"schema"."<table><suffix>"`.

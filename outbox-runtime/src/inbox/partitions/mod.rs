@@ -48,15 +48,8 @@ pub enum Layout {
 
 /// The dedup table's layout, from the catalog.
 pub(crate) async fn layout(db: impl sqlx::PgExecutor<'_>, names: &InboxNames) -> Result<Layout> {
-    let relkind: Option<String> = sqlx::query_scalar(
-        "SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-         WHERE n.nspname = $1 AND c.relname = $2",
-    )
-    .bind(&names.schema)
-    .bind(&names.table)
-    .fetch_optional(db)
-    .await?;
-    Ok(if relkind.as_deref() == Some("p") { Layout::Partitioned } else { Layout::Plain })
+    let partitioned = crate::table::is_partitioned(db, &names.schema, &names.table).await?;
+    Ok(if partitioned { Layout::Partitioned } else { Layout::Plain })
 }
 
 /// Whether an insert's error says the dedup table changed under it, so that the same
