@@ -53,12 +53,23 @@ pub struct SlotStatus {
     pub safe_wal_size: Option<i64>,
 }
 
-/// [`Error::Config`] when the outbox table is partitioned: the stream decodes one
-/// table's inserts, and a partitioned table's arrive as its partitions'.
-async fn check_plain(pool: &PgPool, outbox: &Outbox) -> Result<()> {
-    if crate::partition::is_partitioned(pool, outbox.names()).await? {
+/// [`Error::Config`] when the outbox table is partitioned and `publication` exists but
+/// publishes its partitions' inserts under their own names: the stream reads the outbox's
+/// inserts under the outbox's name (`publish_via_partition_root`), and would skip the others.
+async fn check_root_published(pool: &PgPool, outbox: &Outbox, publication: &str) -> Result<()> {
+    if !crate::partition::is_partitioned(pool, outbox.names()).await? {
+        return Ok(());
+    }
+    let via_root: Option<bool> =
+        sqlx::query_scalar("SELECT pubviaroot FROM pg_publication WHERE pubname = $1")
+            .bind(publication)
+            .fetch_optional(pool)
+            .await?;
+    if via_root == Some(false) {
         return Err(Error::Config(format!(
-            "{} is partitioned: the change-data-capture relay reads a plain outbox table only; run the polling relay",
+            "{} is partitioned, and publication {publication:?} sends its partitions' inserts under the partitions' \
+             names, which the stream does not read: ALTER PUBLICATION \"{publication}\" SET \
+             (publish_via_partition_root = true)",
             outbox.names().outbox
         )));
     }
@@ -66,8 +77,9 @@ async fn check_plain(pool: &PgPool, outbox: &Outbox) -> Result<()> {
 }
 
 impl CdcConfig {
-    /// Creates the publication (`FOR TABLE <outbox> WITH (publish = 'insert')`) and the
-    /// logical replication slot (`pgoutput`) when they are missing, then hands the pending
+    /// Creates the publication (`FOR TABLE <outbox> WITH (publish = 'insert',
+    /// publish_via_partition_root = true)`: a partitioned outbox's inserts under the outbox's
+    /// name, whatever partition holds them) and the logical replication slot (`pgoutput`) when they are missing, then hands the pending
     /// events the slot will never stream (written before it) to the relay's table path.
     /// Run once per database (`outbox cdc setup`), by a role allowed to create both.
     ///
@@ -75,17 +87,17 @@ impl CdcConfig {
     /// [`Error::Config`] when `wal_level` is not `logical`, naming the fix.
     pub async fn setup(&self, pool: &PgPool, outbox: &Outbox) -> Result<SetupReport> {
         outbox.check_migrated_for_relay(pool, false).await?;
-        check_plain(pool, outbox).await?;
         check_wal_level(pool).await?;
         let names = outbox.names();
         let publication_created = !publication_exists(pool, &self.publication).await?;
         if publication_created {
             let sql = format!(
-                "CREATE PUBLICATION \"{}\" FOR TABLE {} WITH (publish = 'insert')",
+                "CREATE PUBLICATION \"{}\" FOR TABLE {} WITH (publish = 'insert', publish_via_partition_root = true)",
                 self.publication, names.outbox
             );
             sqlx::query(AssertSqlSafe(sql)).execute(pool).await?;
         }
+        check_root_published(pool, outbox, &self.publication).await?;
         let slot_created = slot(pool, &self.slot).await?.is_none();
         if slot_created {
             sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
@@ -118,7 +130,6 @@ impl CdcConfig {
     /// # Errors
     /// [`Error::Config`] naming what is missing and what to run.
     pub async fn check(&self, pool: &PgPool, outbox: &Outbox) -> Result<()> {
-        check_plain(pool, outbox).await?;
         check_wal_level(pool).await?;
         let names = outbox.names();
         let setup = "run `outbox cdc setup` (or CdcConfig::setup) first";
@@ -143,6 +154,7 @@ impl CdcConfig {
         if !publication_exists(pool, &self.publication).await? {
             return Err(Error::Config(format!("publication {:?} does not exist: {setup}", self.publication)));
         }
+        check_root_published(pool, outbox, &self.publication).await?;
         if !setup_complete(pool, &self.publication).await? {
             return Err(Error::Config(format!(
                 "the setup of publication {:?} is not complete (the pending events written before it are not handed \

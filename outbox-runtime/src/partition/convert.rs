@@ -43,8 +43,9 @@ pub(crate) async fn partition_table(pool: &sqlx::PgPool, names: &Names) -> Resul
     .await?;
     if !publications.is_empty() {
         return Err(Error::Config(format!(
-            "{} is in publication {}: the change-data-capture relay reads a plain outbox table only, \
-             so it is not partitioned",
+            "{} is in publication {}, which would not carry the inserts into the new partitions: stop the \
+             change-data-capture relay, drop its slot and publication (`outbox cdc drop`), convert, then set them \
+             up again (`outbox cdc setup` hands the events appended meanwhile to the table path)",
             names.outbox,
             publications.join(", ")
         )));

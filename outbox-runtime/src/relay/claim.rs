@@ -116,6 +116,11 @@ pub(crate) const MARK_PLAN: &str = "SELECT set_config('enable_seqscan', 'off', t
      set_config('enable_mergejoin', 'off', true), set_config('enable_hashjoin', 'on', true), \
      set_config('enable_sort', 'on', true)";
 
+/// What the change-data-capture relay's table path claims, besides what the polling relay does.
+fn table_path_scope() -> String {
+    format!("AND {} ", crate::migrate::TOUCHED)
+}
+
 impl Statements {
     pub(crate) fn new(names: &Names) -> Self {
         Self::with_scope(names, "", false)
@@ -135,7 +140,17 @@ impl Statements {
     /// retry, put up again by an operator); a fresh row is the stream's.
     #[cfg(feature = "cdc")]
     pub(crate) fn table_path(names: &Names) -> Self {
-        Self::with_scope(names, &format!("AND {} ", crate::migrate::TOUCHED), false)
+        Self::with_scope(names, &table_path_scope(), false)
+    }
+
+    /// These statements for a partitioned outbox ([`Statements::partitioned`], or the
+    /// table path's bounded the same way).
+    pub(crate) fn on_partitions(&self, names: &Names) -> Self {
+        if self.whole {
+            Self::partitioned(names)
+        } else {
+            Self::with_scope(names, &table_path_scope(), true)
+        }
     }
 
     fn with_scope(names: &Names, scope: &str, partitioned: bool) -> Self {

@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::claim::{FreshCursor, Statements};
+use super::claim::FreshCursor;
 use super::listen::listen;
 use super::{ClaimMode, Relay};
 use crate::backoff;
@@ -47,9 +47,9 @@ impl Relay {
         }
         let tracker = self.tasks.clone();
         // A partitioned outbox: claims and marks bounded to the partitions that can hold
-        // their rows (the change-data-capture relay's table path reads plain tables only).
+        // their rows.
         match crate::partition::is_partitioned(&self.pool, self.outbox.names()).await {
-            Ok(true) if self.listen => self.sql = Arc::new(Statements::partitioned(self.outbox.names())),
+            Ok(true) => self.sql = Arc::new(self.sql.on_partitions(self.outbox.names())),
             Ok(_) => {}
             Err(error) => warn!(relay_id = %self.id(), %error,
                                 "cannot tell whether the outbox is partitioned; claiming as from a plain table"),
