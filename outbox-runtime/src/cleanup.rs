@@ -96,27 +96,32 @@ impl Cleanup {
 
 impl Cleanup {
     /// One round: the published rows past retention deleted, from the whole table, or for a
-    /// partitioned one from its legacy and default partitions only (the others leave whole,
-    /// dropped by the partitions' maintenance).
+    /// partitioned one from the partitions whose rows do not leave whole
+    /// ([`deleted_from`](crate::partition::maintain::deleted_from)).
     async fn delete(&self, pool: &PgPool, outbox: &Outbox, stop: &CancellationToken) -> Result<u64> {
         let names = outbox.names();
         if !crate::partition::is_partitioned(pool, names).await? {
             return outbox.delete_published(pool, self.retention, self.batch_size, stop).await;
         }
+        let tables = crate::partition::maintain::deleted_from(&mut *pool.acquire().await?, names).await?;
         let mut total = 0;
-        for suffix in ["_legacy", "_default"] {
-            let table = crate::partition::relation(names, suffix);
-            let exists: Option<String> =
-                sqlx::query_scalar("SELECT to_regclass($1)::text").bind(&table).fetch_one(pool).await?;
-            if exists.is_none() {
-                continue;
-            }
+        for table in tables {
             while !stop.is_cancelled() {
                 let sql = delete_batch_sql(&table, &names.cleaned, Deletable::Published);
-                let deleted = outbox.delete_with(pool, sql, self.retention, self.batch_size).await?;
-                total += deleted;
-                if deleted < u64::from(self.batch_size) {
-                    break;
+                match outbox.delete_with(pool, sql, self.retention, self.batch_size).await {
+                    Ok(deleted) => {
+                        total += deleted;
+                        if deleted < u64::from(self.batch_size) {
+                            break;
+                        }
+                    }
+                    // Detached and dropped by a round since the list was read: nothing to delete.
+                    Err(Error::Database(e))
+                        if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("42P01") =>
+                    {
+                        break
+                    }
+                    Err(error) => return Err(error),
                 }
             }
         }

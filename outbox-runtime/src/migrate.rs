@@ -105,6 +105,19 @@ impl Outbox {
     }
 }
 
+/// Migrates `outbox` as an existing install upgrading (tests only): its tables at
+/// migration 12, one id taken, then the rest; the outbox table stays plain.
+#[cfg(test)]
+pub(crate) async fn migrate_existing(outbox: &Outbox, pool: &sqlx::PgPool) {
+    outbox.migrator().run_to(12, pool).await.expect("migrations to 12");
+    sqlx::query("SELECT nextval(pg_get_serial_sequence($1, 'id'))")
+        .bind(&outbox.names().outbox)
+        .execute(pool)
+        .await
+        .expect("an id taken");
+    outbox.migrator().run(pool).await.expect("migrations");
+}
+
 /// An index of the outbox table that PostgreSQL marks invalid: see
 /// [`Outbox::invalid_indexes`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -316,6 +329,8 @@ CREATE TABLE {topics} (
         "CREATE INDEX CONCURRENTLY IF NOT EXISTS {failed} ON {outbox} (id) WHERE status = 'failed'",
         failed = names.index("failed"),
     );
+    // A new install's outbox starts partitioned (an existing one is converted online).
+    let v13 = crate::partition::convert::new_install_sql(names);
     let v9 = format!("DROP INDEX CONCURRENTLY IF EXISTS \"{}\".{}", names.schema, names.index("pending"));
     // (version, description, SQL, whether it runs outside a transaction: CONCURRENTLY)
     [
@@ -331,6 +346,7 @@ CREATE TABLE {topics} (
         (10, "missing topics, the relays' shared clock", v10, false),
         (11, "event id check across partitions, partitioning settings", v11, false),
         (12, "index of failed events by id", v12, true),
+        (13, "a new install's outbox in partitions", v13, false),
     ]
     .into_iter()
     .map(|(version, description, sql, no_tx)| {

@@ -364,6 +364,9 @@ async fn relay_serves_prometheus_metrics_and_stops_on_sigterm(pool: PgPool) {
 /// migrate` names it with the statement that rebuilds it and exits 1 until it is rebuilt.
 #[sqlx::test(migrations = false)]
 async fn migrate_names_an_index_a_failed_concurrent_build_left_invalid(pool: PgPool) {
+    // An existing install's plain table: a new install's is partitioned, and a partitioned
+    // table's indexes are not built concurrently.
+    common::existing_install(&pool).await;
     let out = outbox_cli(&pool, &["migrate"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     // Migration 7 (the index of fresh events) taken back, then run again while a writer's
@@ -409,6 +412,9 @@ async fn migrate_names_an_index_a_failed_concurrent_build_left_invalid(pool: PgP
 /// one, in a rolling deploy, gets no false alarm. Before the fix `migrate` exited 1 here.
 #[sqlx::test(migrations = false)]
 async fn migrate_says_nothing_of_an_index_still_being_built(pool: PgPool) {
+    // An existing install's plain table: a new install's is partitioned, and a partitioned
+    // table's indexes are not built concurrently.
+    common::existing_install(&pool).await;
     let out = outbox_cli(&pool, &["migrate"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     sqlx::query("DROP INDEX outbox_fresh").execute(&pool).await.expect("drop");

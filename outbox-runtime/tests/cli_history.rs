@@ -6,7 +6,7 @@ use sqlx::PgPool;
 
 mod common;
 
-use common::{append_pings, database_url, outbox_cli, seed, stdout};
+use common::{append_pings, database_url, existing_install, outbox_cli, seed, stdout};
 
 /// Every column of every outbox row, to show a command changed nothing.
 async fn snapshot(pool: &PgPool) -> Vec<String> {
@@ -173,6 +173,7 @@ async fn reconcile_exits_1_and_names_a_published_event_missing_from_the_inbox(po
 /// exits 2 on a table that is not partitioned.
 #[sqlx::test(migrations = false)]
 async fn partition_converts_the_outbox_and_maintain_prints_the_round(pool: PgPool) {
+    existing_install(&pool).await;
     seed(&pool).await;
     let not_yet = outbox_cli(&pool, &["partition", "--maintain"]);
     assert_eq!(not_yet.status.code(), Some(2), "{not_yet:?}");

@@ -26,6 +26,7 @@ pub mod events;
 pub mod fuzz;
 pub mod inbox_kit;
 pub mod kafka;
+pub mod partition_kit;
 pub mod raw;
 pub mod relay_kit;
 mod rng;
@@ -43,6 +44,21 @@ pub async fn migrate(pool: &PgPool) -> Outbox {
     let outbox = Outbox::default_ref().clone();
     outbox.migrator().run(pool).await.expect("outbox migrations");
     orders::MIGRATOR.run(pool).await.expect("order migrations");
+    outbox
+}
+
+/// [`migrate`] as an existing install upgrading: the outbox's tables at migration 12, one
+/// id taken (an outbox that has had events, cleaned since), then the rest. Its outbox table
+/// stays plain (migration 13 partitions only a new install's), for tests of the conversion.
+pub async fn migrate_existing(pool: &PgPool) -> Outbox {
+    let outbox = Outbox::default_ref().clone();
+    outbox.migrator().run_to(12, pool).await.expect("outbox migrations to 12");
+    sqlx::query("SELECT nextval(pg_get_serial_sequence('outbox', 'id'))")
+        .execute(pool)
+        .await
+        .expect("an id taken");
+    let outbox = migrate(pool).await;
+    assert!(!outbox.ops().is_partitioned(pool).await.expect("layout"), "an existing install stays plain");
     outbox
 }
 

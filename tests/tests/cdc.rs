@@ -213,10 +213,14 @@ async fn refuses_to_start_without_its_slot_or_publication(pool: PgPool) {
         .execute(&pool)
         .await
         .expect("slot");
-    sqlx::query(AssertSqlSafe(format!("CREATE PUBLICATION \"{}\" FOR TABLE outbox", slot.name())))
-        .execute(&pool)
-        .await
-        .expect("publication");
+    // (A new install's outbox is partitioned: published under its own name.)
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE PUBLICATION \"{}\" FOR TABLE outbox WITH (publish_via_partition_root = true)",
+        slot.name()
+    )))
+    .execute(&pool)
+    .await
+    .expect("publication");
     let error = run(slot.config.clone()).await.expect_err("setup not complete");
     assert!(
         error.to_string().contains("not complete") && error.to_string().contains("outbox cdc setup"),

@@ -75,3 +75,56 @@ async fn a_zero_batch_size_is_refused_by_name_instead_of_looping(pool: PgPool) {
     let deleted = outbox.delete_published(&pool, WEEK, 1, &stop).await.expect("a batch of 1 works");
     assert_eq!(deleted, 1);
 }
+
+/// The relay's cleanup on a new install's partitioned outbox, with a retention shorter
+/// than the span: the current partition's events published past retention are deleted one
+/// by one and counted in the tally, as in a plain table; recent and open ones stay. Before,
+/// the cleanup of a partitioned outbox deleted from its legacy and default partitions only,
+/// and the current partition kept them until it was dropped a span later.
+#[sqlx::test(migrations = false)]
+async fn the_relays_cleanup_deletes_from_the_current_partition_past_a_short_retention(pool: PgPool) {
+    use outbox_runtime::relay::Cleanup;
+    let kafka = outbox_tests::kafka::Kafka::start();
+    let outbox = migrate(&pool).await;
+    assert!(outbox.ops().is_partitioned(&pool).await.expect("layout"), "a new install's outbox");
+    let events: Vec<NewEvent> = (0..20)
+        .map(|n| {
+            NewEvent::new(
+                &Step { id: format!("p-{}", n % 4), n, data: String::new() },
+                AppendOptions::default(),
+            )
+            .expect("event")
+        })
+        .collect();
+    let mut tx = pool.begin().await.expect("begin");
+    outbox.append_batch(&mut tx, &events).await.expect("append");
+    tx.commit().await.expect("commit");
+    // 10 published two hours ago, 5 a minute ago, 5 failed.
+    sqlx::query(
+        "UPDATE outbox SET status = CASE WHEN id <= 15 THEN 'published' ELSE 'failed' END, \
+           published_at = CASE WHEN id <= 10 THEN now() - interval '2 hours' \
+                               WHEN id <= 15 THEN now() - interval '1 minute' END",
+    )
+    .execute(&pool)
+    .await
+    .expect("states");
+    let config = outbox_tests::running::quick(&kafka)
+        .cleanup(Cleanup::default().retention(Duration::from_secs(3600)).interval(Duration::from_secs(1)));
+    let relay = outbox_tests::running::start(&pool, &outbox, config);
+    let gone = outbox_tests::eventually(Duration::from_secs(20), || async {
+        rows_in(&pool, "published").await == 5
+    })
+    .await;
+    relay.shutdown().await;
+    assert!(
+        gone,
+        "the events published two hours ago are deleted: {} published left",
+        rows_in(&pool, "published").await
+    );
+    assert_eq!(rows_in(&pool, "failed").await, 5, "failed events stay");
+    let tallied: i64 = sqlx::query_scalar("SELECT coalesce(sum(events), 0)::bigint FROM outbox_cleaned")
+        .fetch_one(&pool)
+        .await
+        .expect("tally");
+    assert_eq!(tallied, 10, "counted in the cleaned tally");
+}

@@ -2,79 +2,26 @@
 //! are appended and a relay publishes them, and nothing is lost or reordered; an event id
 //! stays unique across partitions for as long as the first event is kept; a partition goes
 //! only when every event in it is done and past retention, counted in the cleaned tally;
-//! the change-data-capture relay streams a partitioned table (published under its name).
+//! a new install starts partitioned, an existing one stays plain. The change-data-capture
+//! relay on a partitioned outbox is in `cdc_partitions.rs`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use outbox_runtime::ops::PartitionReport;
 use outbox_runtime::{AppendOptions, NewEvent, Outbox};
-use outbox_tests::cdc_kit::{first_versions, ours, Slot};
 use outbox_tests::kafka::Kafka;
+use outbox_tests::partition_kit::{append, is_unique_violation, move_on, partition_of, round};
 use outbox_tests::relay_kit::TOPIC;
 use outbox_tests::running::{quick, start};
-use outbox_tests::{eventually, migrate, rows_in, Step};
+use outbox_tests::{eventually, migrate, migrate_existing, rows_in, Step};
 use sqlx::{AssertSqlSafe, PgPool};
 use uuid::Uuid;
-
-/// Appends step `n` of aggregate `id` in a transaction of its own, with `event_id` if given.
-async fn append(
-    pool: &PgPool,
-    outbox: &Outbox,
-    id: &str,
-    n: i64,
-    event_id: Option<Uuid>,
-) -> outbox_runtime::Result<Uuid> {
-    let mut options = AppendOptions::default().aggregate_version(n);
-    if let Some(event_id) = event_id {
-        options = options.event_id(event_id);
-    }
-    let event = NewEvent::new(&Step { id: id.to_owned(), n, data: String::new() }, options).expect("event");
-    let mut tx = pool.begin().await.expect("begin");
-    outbox.append_batch(&mut tx, std::slice::from_ref(&event)).await?;
-    tx.commit().await.expect("commit");
-    Ok(event.event_id())
-}
-
-/// The partition that holds `event_id`.
-async fn partition_of(pool: &PgPool, event_id: Uuid) -> String {
-    sqlx::query_scalar("SELECT tableoid::regclass::text FROM outbox WHERE event_id = $1")
-        .bind(event_id)
-        .fetch_one(pool)
-        .await
-        .expect("the row")
-}
-
-/// Makes the current partition's events look a day old, then runs a round: appends move on.
-async fn move_on(pool: &PgPool, outbox: &Outbox) -> PartitionReport {
-    let current: String =
-        sqlx::query_scalar("SELECT tableoid::regclass::text FROM outbox ORDER BY id DESC LIMIT 1")
-            .fetch_one(pool)
-            .await
-            .expect("current");
-    sqlx::query(AssertSqlSafe(format!("UPDATE {current} SET created_at = created_at - interval '1 day'")))
-        .execute(pool)
-        .await
-        .expect("age");
-    let report = round(pool, outbox, None).await;
-    assert!(report.moved_to.is_some(), "a partition whose first event is a day old is left: {report:?}");
-    report
-}
-
-async fn round(pool: &PgPool, outbox: &Outbox, retention: Option<Duration>) -> PartitionReport {
-    outbox.ops().maintain_partitions(pool, retention).await.expect("round").expect("partitioned")
-}
-
-fn is_unique_violation(result: &outbox_runtime::Result<Uuid>) -> bool {
-    matches!(result, Err(outbox_runtime::Error::Database(e))
-        if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("23505"))
-}
 
 #[sqlx::test(migrations = false)]
 async fn converting_under_appends_and_a_relay_loses_nothing_and_keeps_each_aggregates_order(pool: PgPool) {
     let kafka = Kafka::start();
     kafka.create_topic(TOPIC, 3).await;
-    let outbox = migrate(&pool).await;
+    let outbox = migrate_existing(&pool).await;
     let aggregates: Vec<String> = (0..5).map(|a| format!("conv-{a}-{}", Uuid::new_v4())).collect();
     const BEFORE: i64 = 20;
     const ALL: i64 = 160;
@@ -178,7 +125,7 @@ async fn converting_under_appends_and_a_relay_loses_nothing_and_keeps_each_aggre
 /// held rows: the next append failed on a duplicate id.
 #[sqlx::test(migrations = false)]
 async fn a_quiet_round_after_moving_on_never_sets_the_ids_back(pool: PgPool) {
-    let outbox = migrate(&pool).await;
+    let outbox = migrate_existing(&pool).await;
     assert!(outbox.ops().partition_table(&pool).await.expect("convert"));
     let first = append(&pool, &outbox, "quiet", 1, None).await.expect("append");
     move_on(&pool, &outbox).await;
@@ -205,7 +152,7 @@ async fn a_quiet_round_after_moving_on_never_sets_the_ids_back(pool: PgPool) {
 
 #[sqlx::test(migrations = false)]
 async fn an_event_id_stays_unique_across_partitions_while_its_first_event_is_kept(pool: PgPool) {
-    let outbox = migrate(&pool).await;
+    let outbox = migrate_existing(&pool).await;
     let before = append(&pool, &outbox, "dup", 1, None).await.expect("append");
     assert!(outbox.ops().partition_table(&pool).await.expect("convert"));
     assert_eq!(partition_of(&pool, before).await, "outbox_legacy");
@@ -250,7 +197,7 @@ async fn an_event_id_stays_unique_across_partitions_while_its_first_event_is_kep
 
 #[sqlx::test(migrations = false)]
 async fn a_partition_goes_only_when_every_event_in_it_is_done_and_past_retention(pool: PgPool) {
-    let outbox = migrate(&pool).await;
+    let outbox = migrate_existing(&pool).await;
     assert!(outbox.ops().partition_table(&pool).await.expect("convert"));
     let mut parts = Vec::new();
     for round_no in 0..3 {
@@ -317,130 +264,6 @@ async fn a_partition_goes_only_when_every_event_in_it_is_done_and_past_retention
     assert_eq!(left, 10, "the current partition's events stay");
 }
 
-/// The change-data-capture relay on a partitioned outbox: the publication carries each
-/// partition's inserts under the outbox's name (`publish_via_partition_root`), so the events
-/// of the legacy partition (handed to the table path by the setup), of a partition, and of
-/// the next one after appends move on while it streams are all published, each aggregate's
-/// in order; an event an operator retries goes through the table path's bounded claim.
-/// Before, the setup refused a partitioned outbox.
-#[sqlx::test(migrations = false)]
-async fn the_change_data_capture_relay_streams_a_partitioned_outbox(pool: PgPool) {
-    let kafka = Kafka::start();
-    kafka.create_topic(TOPIC, 3).await;
-    let outbox = migrate(&pool).await;
-    let aggregates: Vec<String> = (0..3).map(|a| format!("cdc-{a}-{}", Uuid::new_v4())).collect();
-    let mut ids = Vec::new();
-    let append_round = |n: i64| {
-        let (pool, outbox, aggregates) = (pool.clone(), outbox.clone(), aggregates.clone());
-        async move {
-            let mut ids = Vec::new();
-            for a in &aggregates {
-                ids.push(append(&pool, &outbox, a, n, None).await.expect("append"));
-            }
-            ids
-        }
-    };
-    ids.extend(append_round(1).await);
-    assert!(outbox.ops().partition_table(&pool).await.expect("convert"));
-    let slot = Slot::setup(&pool, &outbox).await;
-    let relay = slot.start(&pool, &outbox, quick(&kafka));
-    for n in 2..=4 {
-        ids.extend(append_round(n).await);
-    }
-    let published = |count: i64| {
-        let pool = pool.clone();
-        async move {
-            eventually(Duration::from_secs(30), || async { rows_in(&pool, "published").await == count }).await
-        }
-    };
-    assert!(published(12).await, "the legacy partition's events and the first partition's are published");
-    move_on(&pool, &outbox).await;
-    for n in 5..=7 {
-        ids.extend(append_round(n).await);
-    }
-    assert!(published(21).await, "the next partition's events are streamed too");
-    let mut placed = Vec::new();
-    for id in [ids[0], ids[3], ids[20]] {
-        placed.push(partition_of(&pool, id).await);
-    }
-    assert!(placed[0] == "outbox_legacy" && placed[0] != placed[1] && placed[1] != placed[2], "{placed:?}");
-
-    let retried = ids[20];
-    sqlx::query("UPDATE outbox SET status = 'failed', last_error = 'by hand' WHERE event_id = $1")
-        .bind(retried)
-        .execute(&pool)
-        .await
-        .expect("fail one");
-    let target = outbox_runtime::ops::RetryTarget::Event(retried);
-    assert_eq!(outbox.ops().retry(&pool, &target).await.expect("retry"), 1);
-    assert!(published(21).await, "the retried event is published again");
-    let stats = relay.shutdown().await;
-    assert!(stats.published() >= 21, "published {}", stats.published());
-
-    let records = ours(kafka.read_all(TOPIC, Duration::from_secs(30)), &ids);
-    for a in &aggregates {
-        assert_eq!(first_versions(&records, a), (1..=7).collect::<Vec<i64>>(), "aggregate {a} in order");
-    }
-    let copies = records.iter().filter(|r| r.headers["ce_id"] == retried.to_string()).count();
-    assert_eq!((records.len(), copies), (22, 2), "each event once, the retried one twice");
-}
-
-/// A publication made by hand that sends a partitioned outbox's inserts under its
-/// partitions' names (without `publish_via_partition_root`): the stream, which reads the
-/// outbox's name, would skip them all. The setup and the relay's check refuse it and name
-/// the fix; with the fix they accept it.
-#[sqlx::test(migrations = false)]
-async fn a_publication_of_the_partitions_under_their_own_names_is_refused(pool: PgPool) {
-    let outbox = migrate(&pool).await;
-    assert!(outbox.ops().partition_table(&pool).await.expect("convert"));
-    let slot = Slot::named(&pool).await;
-    sqlx::query(AssertSqlSafe(format!(
-        "CREATE PUBLICATION \"{}\" FOR TABLE outbox WITH (publish = 'insert')",
-        slot.name()
-    )))
-    .execute(&pool)
-    .await
-    .expect("publication");
-    let fix = "publish_via_partition_root = true";
-    match slot.config.setup(&pool, &outbox).await {
-        Err(outbox_runtime::Error::Config(message)) => assert!(message.contains(fix), "{message}"),
-        other => panic!("expected Error::Config, got {other:?}"),
-    }
-    sqlx::query(AssertSqlSafe(format!("ALTER PUBLICATION \"{}\" SET ({fix})", slot.name())))
-        .execute(&pool)
-        .await
-        .expect("the fix");
-    slot.config.setup(&pool, &outbox).await.expect("setup with the fix");
-    slot.config.check(&pool, &outbox).await.expect("a relay may stream");
-    sqlx::query(AssertSqlSafe(format!(
-        "ALTER PUBLICATION \"{}\" SET (publish_via_partition_root = false)",
-        slot.name()
-    )))
-    .execute(&pool)
-    .await
-    .expect("undone");
-    match slot.config.check(&pool, &outbox).await {
-        Err(outbox_runtime::Error::Config(message)) => assert!(message.contains(fix), "{message}"),
-        other => panic!("expected Error::Config from the relay's check, got {other:?}"),
-    }
-}
-
-/// A table in a publication is not converted: the new partitions' inserts would not be in
-/// it. The error says how to go on.
-#[sqlx::test(migrations = false)]
-async fn an_outbox_in_a_publication_is_not_converted(pool: PgPool) {
-    let outbox = migrate(&pool).await;
-    let slot = Slot::setup(&pool, &outbox).await;
-    match outbox.ops().partition_table(&pool).await {
-        Err(outbox_runtime::Error::Config(message)) => {
-            assert!(message.contains(&format!("is in publication {}", slot.name())), "{message}");
-            assert!(message.contains("outbox cdc drop"), "{message}");
-        }
-        other => panic!("expected Error::Config, got {other:?}"),
-    }
-    assert!(!outbox.ops().is_partitioned(&pool).await.expect("layout"), "left as it was");
-}
-
 /// The relay that holds its locks across the send claims (`FOR UPDATE`) and marks through a
 /// partitioned table too, events of both the legacy partition and a new one, in order.
 #[sqlx::test(migrations = false)]
@@ -448,7 +271,7 @@ async fn a_relay_holding_locks_publishes_a_partitioned_outbox_in_order(pool: PgP
     use outbox_runtime::relay::ClaimMode;
     let kafka = Kafka::start();
     kafka.create_topic(TOPIC, 3).await;
-    let outbox = migrate(&pool).await;
+    let outbox = migrate_existing(&pool).await;
     let aggregates: Vec<String> = (0..3).map(|a| format!("hold-{a}-{}", Uuid::new_v4())).collect();
     for n in 1..=10 {
         for a in &aggregates {
@@ -483,4 +306,91 @@ async fn a_relay_holding_locks_publishes_a_partitioned_outbox_in_order(pool: PgP
             "aggregate {a} in order across the legacy partition and the new one"
         );
     }
+}
+
+/// The outbox table's indexes: (name, definition with the table's name taken out).
+async fn indexes_of(pool: &PgPool, table: &str) -> BTreeMap<String, String> {
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT c.relname::text, pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+         WHERE i.indrelid = $1::regclass",
+    )
+    .bind(table)
+    .fetch_all(pool)
+    .await
+    .expect("indexes");
+    rows.into_iter()
+        .map(|(name, def)| {
+            (name, def.replace(" ON ONLY ", " ON ").replace(&format!(" ON {table} "), " ON t "))
+        })
+        .collect()
+}
+
+/// A new install's outbox starts partitioned (migration 13): partition 0 takes the first
+/// ids, two wait ahead, with the default partition and no legacy one; it has every index a
+/// plain outbox has (the unique event id index per partition instead); a second run of the
+/// migrations changes nothing; a relay publishes from it. Before, a new install's outbox
+/// was a plain table.
+#[sqlx::test(migrations = false)]
+async fn a_new_install_starts_partitioned_with_a_plain_outboxs_indexes(pool: PgPool) {
+    let kafka = Kafka::start();
+    kafka.create_topic(TOPIC, 3).await;
+    let outbox = migrate(&pool).await;
+    assert!(outbox.ops().is_partitioned(&pool).await.expect("layout"), "a new install is partitioned");
+    let parts: Vec<String> = sqlx::query_scalar(
+        "SELECT relid::regclass::text FROM pg_partition_tree('outbox') WHERE isleaf ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("partitions");
+    assert_eq!(parts, ["outbox_default", "outbox_p000000", "outbox_p000001", "outbox_p000002"]);
+    outbox.migrator().run(&pool).await.expect("a second run");
+
+    // An existing install's plain table, in a schema of its own: the same indexes.
+    sqlx::query("CREATE SCHEMA existing").execute(&pool).await.expect("schema");
+    let plain = Outbox::new(outbox_runtime::OutboxConfig::default().schema("existing")).expect("outbox");
+    plain.migrator().run_to(12, &pool).await.expect("to 12");
+    let mut plain_indexes = indexes_of(&pool, "existing.outbox").await;
+    assert!(plain_indexes.remove("outbox_event_id_key").is_some(), "{plain_indexes:?}");
+    assert_eq!(indexes_of(&pool, "public.outbox").await, plain_indexes, "the partitioned table's indexes");
+
+    let aggregate = format!("new-{}", Uuid::new_v4());
+    let mut ids = Vec::new();
+    for n in 1..=5 {
+        ids.push(append(&pool, &outbox, &aggregate, n, None).await.expect("append"));
+    }
+    assert_eq!(partition_of(&pool, ids[0]).await, "outbox_p000000");
+    let first: i64 = sqlx::query_scalar("SELECT min(id) FROM outbox").fetch_one(&pool).await.expect("id");
+    assert_eq!(first, 1, "ids start at 1");
+    let given = ids[2];
+    assert!(
+        is_unique_violation(&append(&pool, &outbox, &aggregate, 6, Some(given)).await),
+        "a given event id already in the table is refused"
+    );
+    let relay = start(&pool, &outbox, quick(&kafka));
+    assert!(eventually(Duration::from_secs(30), || async { rows_in(&pool, "published").await == 5 }).await);
+    relay.shutdown().await;
+}
+
+/// Migration 13 leaves an existing install's table as it is: one with events in it, or
+/// one in a publication, or with a trigger of the user's, or a view on it.
+#[sqlx::test(migrations = false)]
+async fn an_existing_install_stays_plain(pool: PgPool) {
+    let setups = [
+        ("events", "INSERT INTO {t} (event_id, aggregate_type, aggregate_id, event_type, schema_version, topic, payload) \
+                    VALUES (gen_random_uuid(), 'a', 'b', 'c', 1, 'd', '{}')"),
+        ("publication", "CREATE PUBLICATION keep_plain_{s} FOR TABLE {t}"),
+        ("trigger", "CREATE FUNCTION {s}.noop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$; \
+                     CREATE TRIGGER noop BEFORE INSERT ON {t} FOR EACH ROW EXECUTE FUNCTION {s}.noop()"),
+        ("view", "CREATE VIEW {s}.pending AS SELECT id FROM {t} WHERE status = 'pending'"),
+    ];
+    for (schema, setup) in setups {
+        sqlx::query(AssertSqlSafe(format!("CREATE SCHEMA {schema}"))).execute(&pool).await.expect("schema");
+        let outbox = Outbox::new(outbox_runtime::OutboxConfig::default().schema(schema)).expect("outbox");
+        outbox.migrator().run_to(12, &pool).await.expect("to 12");
+        let setup = setup.replace("{t}", &format!("{schema}.outbox")).replace("{s}", schema);
+        sqlx::raw_sql(AssertSqlSafe(setup)).execute(&pool).await.expect("setup");
+        outbox.migrator().run(&pool).await.expect("migration 13");
+        assert!(!outbox.ops().is_partitioned(&pool).await.expect("layout"), "{schema}: left plain");
+    }
+    sqlx::query("DROP PUBLICATION keep_plain_publication").execute(&pool).await.expect("drop");
 }

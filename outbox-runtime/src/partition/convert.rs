@@ -173,6 +173,72 @@ async fn convert(conn: &mut PgConnection, names: &Names) -> Result<()> {
     Ok(())
 }
 
+/// Migration 13: a new install's outbox table starts partitioned, partition 0 current
+/// (ids from 1) and two ahead, with no legacy partition. Only a table that is empty, never
+/// gave out an id, is in no publication and has no trigger, rule or view on it and no
+/// unique index of the user's: anything else is an existing install, left as it is until
+/// an operator converts it online ([`partition_table`]).
+pub(crate) fn new_install_sql(names: &Names) -> String {
+    let (outbox, table, schema) = (&names.outbox, &names.table, &names.schema);
+    let replaced = relation(names, "_replaced");
+    let default = relation(names, "_default");
+    let partitions: Vec<String> = (0..3).map(|k| create_partition_sql(names, k)).collect();
+    format!(
+        r#"
+-- A new install's outbox (an empty table that never took an append) becomes partitioned by
+-- id range; an existing one stays as it is until an operator converts it (`outbox partition`).
+DO $convert$
+DECLARE
+    ix record;
+    defs text[] := '{{}}';
+    def text;
+    n integer := 0;
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = '{outbox}'::regclass) <> 'r' THEN
+        RETURN;
+    END IF;
+    LOCK TABLE {outbox} IN ACCESS EXCLUSIVE MODE;
+    IF EXISTS (SELECT 1 FROM {outbox})
+       OR pg_sequence_last_value(pg_get_serial_sequence('{outbox}', 'id')::regclass) IS NOT NULL
+       OR EXISTS (SELECT 1 FROM pg_publication_rel WHERE prrelid = '{outbox}'::regclass)
+       OR EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = '{outbox}'::regclass AND NOT tgisinternal)
+       OR EXISTS (SELECT 1 FROM pg_rewrite r JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
+                  WHERE d.refobjid = '{outbox}'::regclass)
+       OR EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+                  WHERE i.indrelid = '{outbox}'::regclass AND i.indisunique
+                    AND c.relname NOT IN ('{table}_pkey', '{table}_event_id_key')) THEN
+        RAISE NOTICE 'the outbox table % is an existing install: left as it is (convert it with `outbox partition`)', '{outbox}';
+        RETURN;
+    END IF;
+    FOR ix IN SELECT c.relname::text AS name, pg_get_indexdef(i.indexrelid) AS def, i.indisunique AS uniq
+              FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+              WHERE i.indrelid = '{outbox}'::regclass ORDER BY c.relname LOOP
+        IF NOT ix.uniq THEN
+            defs := defs || ix.def;
+        END IF;
+        EXECUTE format('ALTER INDEX %I.%I RENAME TO %I', '{schema}', ix.name, '{table}_ri' || n);
+        n := n + 1;
+    END LOOP;
+    ALTER TABLE {outbox} RENAME TO "{table}_replaced";
+    CREATE TABLE {outbox} (LIKE {replaced} INCLUDING ALL EXCLUDING INDEXES) PARTITION BY RANGE (id);
+    ALTER TABLE {outbox} ADD CONSTRAINT "{table}_pkey" PRIMARY KEY (id);
+    FOREACH def IN ARRAY defs LOOP
+        EXECUTE def;
+    END LOOP;
+    {access_outbox};
+    CREATE TABLE {default} PARTITION OF {outbox} DEFAULT;
+    CREATE UNIQUE INDEX "{table}_default_event_id" ON {default} (event_id);
+    {access_default};
+    {partitions};
+    DROP TABLE {replaced};
+END $convert$;
+"#,
+        access_outbox = crate::table::access_sql(&replaced, outbox),
+        access_default = crate::table::access_sql(&replaced, &default),
+        partitions = partitions.join(";\n    "),
+    )
+}
+
 /// Partition `k`, empty, with its unique index of event ids.
 pub(crate) fn create_partition_sql(names: &Names, k: i64) -> String {
     let name = partition_name(names, k);

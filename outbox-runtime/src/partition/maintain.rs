@@ -193,6 +193,22 @@ async fn next_id(conn: &mut PgConnection, names: &Names) -> Result<i64> {
     Ok(if called { last.saturating_add(1) } else { last })
 }
 
+/// The partitions whose published rows past retention the cleanup deletes one by one:
+/// the legacy and default ones, and the current one and those ahead, where they are when
+/// the retention is shorter than the span. Those before the current one leave whole, by
+/// the rounds' drops. Quoted names.
+pub(crate) async fn deleted_from(conn: &mut PgConnection, names: &Names) -> Result<Vec<String>> {
+    let current = current_partition(conn, names).await?;
+    let mut deleted: Vec<String> = partitions(conn, names)
+        .await?
+        .into_iter()
+        .filter(|part| part.k.is_none_or(|k| k >= current))
+        .map(|part| format!("\"{}\".\"{}\"", names.schema, part.name))
+        .collect();
+    deleted.push(super::relation(names, "_default"));
+    Ok(deleted)
+}
+
 /// The partition the next append goes to.
 async fn current_partition(conn: &mut PgConnection, names: &Names) -> Result<i64> {
     Ok(next_id(conn, names).await? >> SPAN_BITS)

@@ -43,7 +43,7 @@ fn loops_in(plan: &serde_json::Value, old: &[String]) -> (u64, u64) {
 async fn claims_and_marks_of_a_partitioned_outbox_leave_done_partitions_alone(pool: PgPool) {
     const BATCH: i64 = 500;
     let outbox = Outbox::default_ref();
-    outbox.migrator().run(&pool).await.expect("migrate");
+    crate::migrate::migrate_existing(outbox, &pool).await;
     assert!(outbox.ops().partition_table(&pool).await.expect("convert"));
     let insert = |n: i64| {
         sqlx::query(

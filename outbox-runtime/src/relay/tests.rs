@@ -97,53 +97,81 @@ async fn fair_share_splits_partitions_between_live_relays(pool: PgPool) {
     assert_eq!(a.maintain(&pool).await.expect("maintain").acquired.len(), 4, "A takes B's back at once");
 }
 
+/// A claim must cost O(batch), not O(backlog): with 20,000 pending rows, the check for an
+/// earlier blocking event of the same aggregate goes through the small `blocked` partial
+/// index (of a partitioned table, its partitions'). Planned as a scan of every open row, a
+/// claim over 100k pending rows took 14.9 ms instead of 0.4 ms (BENCHMARKS.md). For both
+/// layouts: an existing install's plain table and a new install's partitioned one.
 #[sqlx::test(migrations = false)]
 async fn the_claims_order_check_probes_the_blocked_index_not_every_open_row(pool: PgPool) {
-    // A claim must cost O(batch), not O(backlog): with 20,000 pending rows, the check for
-    // an earlier blocking event of the same aggregate goes through the small `blocked`
-    // partial index. Planned as a scan of every open row, a claim over 100k pending rows
-    // took 14.9 ms instead of 0.4 ms (BENCHMARKS.md).
-    let outbox = Outbox::default_ref();
-    outbox.migrator().run(&pool).await.expect("migrate");
-    sqlx::query(
-        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, schema_version, topic, payload) \
-         SELECT gen_random_uuid(), 'test', 'a' || (g % 2000), 'test.ping', 1, 'test', '{}' \
-         FROM generate_series(1, 20000) AS g",
-    )
-    .execute(&pool)
-    .await
-    .expect("backlog");
-    // One aggregate waits for a retry, so there is something to find.
-    sqlx::query("UPDATE outbox SET next_attempt_at = now() + interval '1 hour', attempts = 1 WHERE id = 1")
+    for (schema, partitioned) in [("plain", false), ("public", true)] {
+        let outbox = Outbox::new(OutboxConfig::default().schema(schema)).expect("outbox");
+        if partitioned {
+            outbox.migrator().run(&pool).await.expect("migrate");
+        } else {
+            crate::migrate::migrate_existing(&outbox, &pool).await;
+        }
+        assert_eq!(outbox.ops().is_partitioned(&pool).await.expect("layout"), partitioned, "{schema}");
+        let table = &outbox.names().outbox;
+        sqlx::query(crate::table::sql(format!(
+            "INSERT INTO {table} (event_id, aggregate_type, aggregate_id, event_type, schema_version, topic, payload) \
+             SELECT gen_random_uuid(), 'test', 'a' || (g % 2000), 'test.ping', 1, 'test', '{{}}' \
+             FROM generate_series(1, 20000) AS g"
+        )))
+        .execute(&pool)
+        .await
+        .expect("backlog");
+        // One aggregate waits for a retry, so there is something to find.
+        let first: i64 = sqlx::query_scalar(crate::table::sql(format!("SELECT min(id) FROM {table}")))
+            .fetch_one(&pool)
+            .await
+            .expect("first");
+        sqlx::query(crate::table::sql(format!(
+            "UPDATE {table} SET next_attempt_at = now() + interval '1 hour', attempts = 1 WHERE id = {first}"
+        )))
         .execute(&pool)
         .await
         .expect("retrying");
-    sqlx::query("ANALYZE outbox").execute(&pool).await.expect("analyze");
-    let sql = Statements::new(outbox.names());
-    let partitions: Vec<i32> = (0..32).collect();
-    for statement in sql.claim_sql() {
-        let plan: serde_json::Value =
-            sqlx::query_scalar(crate::table::sql(format!("EXPLAIN (FORMAT JSON) {statement}")))
-                .bind(&partitions)
-                .bind(500_i64)
-                .bind(Vec::<i64>::new())
-                .bind(0_i64)
-                .bind(FreshCursor::window(500))
-                .fetch_one(&pool)
-                .await
-                .expect("explain");
-        let plan = plan.to_string();
+        sqlx::query(crate::table::sql(format!("ANALYZE {table}"))).execute(&pool).await.expect("analyze");
+        let blocked: Vec<String> = sqlx::query_scalar(
+            "SELECT c.relname::text FROM pg_class c \
+             WHERE c.oid = $1::regclass OR c.oid IN (SELECT relid FROM pg_partition_tree($1::regclass))",
+        )
+        .bind(format!("\"{schema}\".outbox_blocked"))
+        .fetch_all(&pool)
+        .await
+        .expect("the blocked index");
+        let sql = if partitioned {
+            Statements::partitioned(outbox.names())
+        } else {
+            Statements::new(outbox.names())
+        };
+        let partitions: Vec<i32> = (0..32).collect();
+        for statement in sql.claim_sql() {
+            let plan: serde_json::Value =
+                sqlx::query_scalar(crate::table::sql(format!("EXPLAIN (FORMAT JSON) {statement}")))
+                    .bind(&partitions)
+                    .bind(500_i64)
+                    .bind(Vec::<i64>::new())
+                    .bind(0_i64)
+                    .bind(FreshCursor::window(500))
+                    .fetch_one(&pool)
+                    .await
+                    .expect("explain");
+            let plan = plan.to_string();
+            assert!(
+                blocked.iter().any(|index| plan.contains(&format!("\"Index Name\":\"{index}\""))),
+                "{schema}: the order check must use the blocked index ({blocked:?}): {plan}"
+            );
+        }
+        let rows = sql.claim(&pool, &partitions, 500, &[]).await.expect("claim");
+        assert_eq!(rows.len(), 500);
         assert!(
-            plan.contains("\"Index Name\":\"outbox_blocked\""),
-            "the order check must use the blocked index: {plan}"
+            rows.iter().all(|r| r.aggregate_id != "a1" || r.id == first)
+                && rows.iter().all(|r| r.id != first),
+            "{schema}: a1 waits behind its retrying event"
         );
     }
-    let rows = sql.claim(&pool, &partitions, 500, &[]).await.expect("claim");
-    assert_eq!(rows.len(), 500);
-    assert!(
-        rows.iter().all(|r| r.aggregate_id != "a1" || r.id == 1) && rows.iter().all(|r| r.id != 1),
-        "a1 waits behind its retrying event"
-    );
 }
 
 /// Rows of `relation` each scan node of `plan` (EXPLAIN ANALYZE, FORMAT JSON) read, in

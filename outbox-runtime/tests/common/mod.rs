@@ -60,16 +60,30 @@ pub(crate) async fn append_pings(pool: &PgPool, ids: &[String]) -> Vec<uuid::Uui
     events.iter().map(NewEvent::event_id).collect()
 }
 
+/// The outbox's tables as an existing install has them: at migration 12, one id taken (an
+/// outbox that has had events, cleaned since), then the rest; its outbox table stays plain
+/// (migration 13 partitions only a new install's).
+pub(crate) async fn existing_install(pool: &PgPool) {
+    let outbox = Outbox::default_ref();
+    outbox.migrator().run_to(12, pool).await.expect("migrate to 12");
+    sqlx::query("SELECT nextval(pg_get_serial_sequence('outbox', 'id'))").execute(pool).await.expect("an id");
+    outbox.migrator().run(pool).await.expect("migrate");
+    assert!(!outbox.ops().is_partitioned(pool).await.expect("layout"), "an existing install stays plain");
+}
+
 /// The four events the tests start from (aggregates a, a, b, c); returns their event ids.
 pub(crate) async fn seed(pool: &PgPool) -> Vec<uuid::Uuid> {
     let ids = append_pings(pool, &["a", "a", "b", "c"].map(String::from)).await;
     // a's first event failed permanently, holding a's second back; c is published; all 10 s old.
+    // (By position: an existing install's ids do not start at 1.)
     sqlx::query(
-        "UPDATE outbox SET created_at = now() - interval '10 seconds', \
-           status = CASE id WHEN 1 THEN 'failed' WHEN 4 THEN 'published' ELSE 'pending' END, \
-           attempts = CASE id WHEN 1 THEN 1 ELSE 0 END, \
-           last_error = CASE id WHEN 1 THEN 'Broker: Message size too large' END, \
-           published_at = CASE id WHEN 4 THEN now() END",
+        "WITH r AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM outbox) \
+         UPDATE outbox o SET created_at = now() - interval '10 seconds', \
+           status = CASE r.n WHEN 1 THEN 'failed' WHEN 4 THEN 'published' ELSE 'pending' END, \
+           attempts = CASE r.n WHEN 1 THEN 1 ELSE 0 END, \
+           last_error = CASE r.n WHEN 1 THEN 'Broker: Message size too large' END, \
+           published_at = CASE r.n WHEN 4 THEN now() END \
+         FROM r WHERE r.id = o.id",
     )
     .execute(pool)
     .await

@@ -55,14 +55,15 @@ enum Which {
     Cdc,
 }
 
-/// Rows of the outbox updated or deleted so far, each of which left a dead tuple for vacuum
-/// (`pg_stat_user_tables`; a backend reports its counts when it ends, so the relays run on
+/// Rows of the outbox (of each of its partitions) updated or deleted so far, each of which
+/// left a dead tuple for vacuum (`pg_stat_user_tables`; a backend reports its counts when it ends, so the relays run on
 /// pools of their own, closed before this is read).
 async fn dead_tuples(pool: &PgPool) -> Result<f64, Failure> {
     let mut conn = pool.acquire().await?;
     sqlx::query("SELECT pg_stat_clear_snapshot()").execute(&mut *conn).await?;
     Ok(sqlx::query_scalar(
-        "SELECT (n_tup_upd + n_tup_del)::float8 FROM pg_stat_user_tables WHERE relid = 'outbox'::regclass",
+        "SELECT coalesce(sum(n_tup_upd + n_tup_del), 0)::float8 FROM pg_stat_user_tables \
+         WHERE relid IN (SELECT relid FROM pg_partition_tree('outbox'))",
     )
     .fetch_one(&mut *conn)
     .await?)

@@ -42,10 +42,14 @@ pub(super) async fn outbox_retention(pool: &PgPool, sizes: Sizes, f: &mut Figure
             .execute(pool)
             .await?;
     }
+    // A new install's outbox is partitioned; an existing install's (one that took an id
+    // before migration 13) stays plain, and is cleaned by DELETE.
     dropped.migrator().run(pool).await?;
+    deleted.migrator().run_to(12, pool).await?;
+    sqlx::query("SELECT nextval(pg_get_serial_sequence('bench_odelete.outbox', 'id'))").execute(pool).await?;
     deleted.migrator().run(pool).await?;
-    if !dropped.ops().partition_table(pool).await? {
-        return Err("bench_odrop.outbox was partitioned already".into());
+    if !dropped.ops().is_partitioned(pool).await? || deleted.ops().is_partitioned(pool).await? {
+        return Err("bench_odrop.outbox must be partitioned, bench_odelete.outbox plain".into());
     }
     // Each round moves appends on: every partition's first event is ten days old.
     sqlx::query("UPDATE bench_odrop.outbox_partitioning SET span_seconds = 1").execute(pool).await?;
