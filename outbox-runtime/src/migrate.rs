@@ -96,6 +96,10 @@ impl Outbox {
 
     /// A migrator that creates (and later upgrades) this outbox's tables:
     /// `outbox.migrator().run(&pool).await?`.
+    ///
+    /// A new install's outbox table is partitioned by id range (migration 13; see
+    /// [`Ops::partition_table`](crate::ops::Ops::partition_table)); an existing install's,
+    /// one that has taken an append, stays as it is until an operator converts it online.
     pub fn migrator(&self) -> Migrator {
         let names = self.names();
         let mut migrator = Migrator::with_migrations(migrations(names, self.config().work_partitions));

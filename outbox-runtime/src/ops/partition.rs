@@ -26,11 +26,13 @@ impl Ops {
     /// lock (an error then: run it again). Returns `false` when the table was partitioned
     /// already. Relays running during the conversion keep working; restart them to get
     /// the claim that reads only the partitions holding open rows. A conversion stopped
-    /// half-way is taken up again by running it again.
+    /// half-way is taken up again by running it again. A new install's outbox is
+    /// partitioned by its migrations already; this is for an existing install's.
     ///
     /// # Errors
     /// [`Error::MigrationsBehind`](crate::Error::MigrationsBehind) before migration 12; [`Error::Config`](crate::Error::Config) when the table is
-    /// in a publication (the change-data-capture relay reads the plain table only);
+    /// in a publication (its new partitions' inserts would not be published: drop the
+    /// change-data-capture setup first, and set it up again after);
     /// [`Error::Conflict`](crate::Error::Conflict) while another conversion runs; [`Error::Database`](crate::Error::Database) if a step
     /// fails, for example its lock timeout.
     pub async fn partition_table(&self, pool: &PgPool) -> Result<bool> {

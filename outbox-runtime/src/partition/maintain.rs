@@ -290,6 +290,10 @@ async fn drop_if_done(pool: &PgPool, names: &Names, part: &Part, retention_ms: i
     if young == Some(true) {
         return Ok(Verdict::Young);
     }
+    let open = format!("SELECT EXISTS (SELECT 1 FROM {table} WHERE status IN ('pending', 'failed'))");
+    if sqlx::query_scalar::<_, bool>(AssertSqlSafe(open.clone())).fetch_one(pool).await? {
+        return Ok(Verdict::Kept("holds pending or failed events"));
+    }
     // Published within retention (after an outage as long, or replayed): kept as long as
     // the cleanup would keep it.
     let recent: bool = sqlx::query_scalar(AssertSqlSafe(format!(
@@ -301,11 +305,9 @@ async fn drop_if_done(pool: &PgPool, names: &Names, part: &Part, retention_ms: i
     if recent {
         return Ok(Verdict::Young);
     }
-    let open = format!("SELECT EXISTS (SELECT 1 FROM {table} WHERE status IN ('pending', 'failed'))");
-    if sqlx::query_scalar::<_, bool>(AssertSqlSafe(open.clone())).fetch_one(pool).await? {
-        return Ok(Verdict::Kept("holds pending or failed events"));
-    }
     let Some(mut tx) = locked(pool, names).await? else { return Ok(Verdict::Kept("busy")) };
+    // Counted before the detach: the detach locks the outbox table (appends wait) until
+    // this transaction ends, so no scan runs under that lock.
     sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO {cleaned} AS c (event_type, status, hour, events) \
          SELECT event_type, status, date_trunc('hour', created_at AT TIME ZONE 'UTC'), count(*) FROM {table} \
