@@ -97,32 +97,26 @@ impl Cleanup {
 impl Cleanup {
     /// One round: the published rows past retention deleted, from the whole table, or for a
     /// partitioned one from the partitions whose rows do not leave whole
-    /// ([`deleted_from`](crate::partition::maintain::deleted_from)).
+    /// ([`deleted_by_cleanup`](crate::partition::maintain::deleted_by_cleanup)), through
+    /// the partitioned table: a role granted the outbox table, not each partition, cleans.
     async fn delete(&self, pool: &PgPool, outbox: &Outbox, stop: &CancellationToken) -> Result<u64> {
         let names = outbox.names();
         if !crate::partition::is_partitioned(pool, names).await? {
             return outbox.delete_published(pool, self.retention, self.batch_size, stop).await;
         }
-        let tables = crate::partition::maintain::deleted_from(&mut *pool.acquire().await?, names).await?;
+        let scope = crate::partition::maintain::deleted_by_cleanup(
+            &mut *pool.acquire().await?,
+            names,
+            self.retention,
+        )
+        .await?;
+        let sql = delete_batch_sql(&names.outbox, &names.cleaned, Deletable::Published, &scope);
         let mut total = 0;
-        for table in tables {
-            while !stop.is_cancelled() {
-                let sql = delete_batch_sql(&table, &names.cleaned, Deletable::Published);
-                match outbox.delete_with(pool, sql, self.retention, self.batch_size).await {
-                    Ok(deleted) => {
-                        total += deleted;
-                        if deleted < u64::from(self.batch_size) {
-                            break;
-                        }
-                    }
-                    // Detached and dropped by a round since the list was read: nothing to delete.
-                    Err(Error::Database(e))
-                        if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("42P01") =>
-                    {
-                        break
-                    }
-                    Err(error) => return Err(error),
-                }
+        while !stop.is_cancelled() {
+            let deleted = outbox.delete_with(pool, sql.clone(), self.retention, self.batch_size).await?;
+            total += deleted;
+            if deleted < u64::from(self.batch_size) {
+                break;
             }
         }
         Ok(total)
@@ -147,9 +141,10 @@ pub(crate) enum Deletable {
     PublishedOrDiscarded,
 }
 
-/// One batch: the oldest matching rows, deleted and counted into `<table>_cleaned` per
-/// event type, status and hour of creation, in one statement.
-pub(crate) fn delete_batch_sql(outbox: &str, cleaned: &str, which: Deletable) -> String {
+/// One batch: the oldest matching rows of those `scope` (a predicate, `true` for all)
+/// takes, deleted and counted into `<table>_cleaned` per event type, status and hour of
+/// creation, in one statement.
+pub(crate) fn delete_batch_sql(outbox: &str, cleaned: &str, which: Deletable, scope: &str) -> String {
     let filter = match which {
         Deletable::Published => {
             "status = 'published' AND published_at < now() - $1 * interval '1 millisecond'"
@@ -161,7 +156,8 @@ pub(crate) fn delete_batch_sql(outbox: &str, cleaned: &str, which: Deletable) ->
     };
     format!(
         "WITH deleted AS ( \
-           DELETE FROM {outbox} WHERE id IN (SELECT id FROM {outbox} WHERE {filter} ORDER BY id LIMIT $2) \
+           DELETE FROM {outbox} WHERE {scope} AND id IN \
+             (SELECT id FROM {outbox} WHERE {scope} AND {filter} ORDER BY id LIMIT $2) \
            RETURNING event_type, status, date_trunc('hour', created_at AT TIME ZONE 'UTC') AS hour), \
          tally AS ( \
            INSERT INTO {cleaned} AS c (event_type, status, hour, events) \
@@ -213,7 +209,7 @@ impl Outbox {
         batch_size: u32,
     ) -> Result<u64> {
         let names = self.names();
-        let sql = delete_batch_sql(&names.outbox, &names.cleaned, which);
+        let sql = delete_batch_sql(&names.outbox, &names.cleaned, which, "true");
         self.delete_with(pool, sql, older_than, batch_size).await
     }
 

@@ -76,17 +76,19 @@ async fn a_zero_batch_size_is_refused_by_name_instead_of_looping(pool: PgPool) {
     assert_eq!(deleted, 1);
 }
 
-/// The relay's cleanup on a new install's partitioned outbox, with a retention shorter
-/// than the span: the current partition's events published past retention are deleted one
-/// by one and counted in the tally, as in a plain table; recent and open ones stay. Before,
-/// the cleanup of a partitioned outbox deleted from its legacy and default partitions only,
-/// and the current partition kept them until it was dropped a span later.
-#[sqlx::test(migrations = false)]
-async fn the_relays_cleanup_deletes_from_the_current_partition_past_a_short_retention(pool: PgPool) {
+/// The relay's cleanup on a new install's partitioned outbox, run by a role granted the
+/// outbox's tables (not each partition, not the id sequence): its maintenance rounds may
+/// not move appends on or drop partitions, so events stay in the current partition, and the
+/// cleanup deletes those published past retention one by one, counted in the tally, as in a
+/// plain table; recent and open ones stay. `retention` against `age` (when the events were
+/// appended and published). Before, the cleanup of a partitioned outbox deleted from its
+/// legacy and default partitions only, and by each partition's name, which such a role may
+/// not: nothing went.
+async fn cleaned_by_a_relay_that_is_not_the_owner(pool: &PgPool, retention: Duration, age: &str) {
     use outbox_runtime::relay::Cleanup;
     let kafka = outbox_tests::kafka::Kafka::start();
-    let outbox = migrate(&pool).await;
-    assert!(outbox.ops().is_partitioned(&pool).await.expect("layout"), "a new install's outbox");
+    let outbox = migrate(pool).await;
+    assert!(outbox.ops().is_partitioned(pool).await.expect("layout"), "a new install's outbox");
     let events: Vec<NewEvent> = (0..20)
         .map(|n| {
             NewEvent::new(
@@ -99,32 +101,86 @@ async fn the_relays_cleanup_deletes_from_the_current_partition_past_a_short_rete
     let mut tx = pool.begin().await.expect("begin");
     outbox.append_batch(&mut tx, &events).await.expect("append");
     tx.commit().await.expect("commit");
-    // 10 published two hours ago, 5 a minute ago, 5 failed.
-    sqlx::query(
-        "UPDATE outbox SET status = CASE WHEN id <= 15 THEN 'published' ELSE 'failed' END, \
-           published_at = CASE WHEN id <= 10 THEN now() - interval '2 hours' \
-                               WHEN id <= 15 THEN now() - interval '1 minute' END",
-    )
-    .execute(&pool)
+    // All appended `age` ago: 10 published then, 5 a minute ago, 5 failed.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE outbox SET created_at = now() - interval '{age}', \
+           status = CASE WHEN id <= 15 THEN 'published' ELSE 'failed' END, \
+           published_at = CASE WHEN id <= 10 THEN now() - interval '{age}' \
+                               WHEN id <= 15 THEN now() - interval '1 minute' END"
+    )))
+    .execute(pool)
     .await
     .expect("states");
+    let role = format!("relay_{}", uuid::Uuid::new_v4().simple());
+    for statement in [
+        format!("CREATE ROLE {role} LOGIN"),
+        format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON outbox, outbox_leases, outbox_relays, outbox_topics, \
+             outbox_cleaned TO {role}"
+        ),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement)).execute(pool).await.expect("role");
+    }
+    let relay_pool = PgPool::connect_with((*pool.connect_options()).clone().username(&role))
+        .await
+        .expect("connect as the role");
     let config = outbox_tests::running::quick(&kafka)
-        .cleanup(Cleanup::default().retention(Duration::from_secs(3600)).interval(Duration::from_secs(1)));
-    let relay = outbox_tests::running::start(&pool, &outbox, config);
-    let gone = outbox_tests::eventually(Duration::from_secs(20), || async {
-        rows_in(&pool, "published").await == 5
-    })
-    .await;
+        .cleanup(Cleanup::default().retention(retention).interval(Duration::from_secs(1)));
+    let relay = outbox_tests::running::start(&relay_pool, &outbox, config);
+    let gone =
+        outbox_tests::eventually(Duration::from_secs(20), || async { rows_in(pool, "published").await == 5 })
+            .await;
     relay.shutdown().await;
+    relay_pool.close().await;
+    for statement in [format!("DROP OWNED BY {role}"), format!("DROP ROLE {role}")] {
+        sqlx::query(sqlx::AssertSqlSafe(statement)).execute(pool).await.expect("drop role");
+    }
     assert!(
         gone,
-        "the events published two hours ago are deleted: {} published left",
-        rows_in(&pool, "published").await
+        "the events published {age} ago are deleted: {} published left",
+        rows_in(pool, "published").await
     );
-    assert_eq!(rows_in(&pool, "failed").await, 5, "failed events stay");
+    assert_eq!(rows_in(pool, "failed").await, 5, "failed events stay");
     let tallied: i64 = sqlx::query_scalar("SELECT coalesce(sum(events), 0)::bigint FROM outbox_cleaned")
-        .fetch_one(&pool)
+        .fetch_one(pool)
         .await
         .expect("tally");
     assert_eq!(tallied, 10, "counted in the cleaned tally");
+}
+
+/// A retention shorter than the span (an hour against a day).
+#[sqlx::test(migrations = false)]
+async fn the_relays_cleanup_deletes_from_the_current_partition_past_a_short_retention(pool: PgPool) {
+    cleaned_by_a_relay_that_is_not_the_owner(&pool, Duration::from_secs(3600), "2 hours").await;
+}
+
+/// The default retention, 7 days, longer than the span: the current partition was never
+/// moved on by this relay, and its events are cleaned all the same.
+#[sqlx::test(migrations = false)]
+async fn a_current_partition_that_never_moved_on_is_cleaned_past_the_default_retention(pool: PgPool) {
+    cleaned_by_a_relay_that_is_not_the_owner(&pool, WEEK, "8 days").await;
+}
+
+/// With the default retention and a current partition younger than it (appends moved on
+/// by the rounds), the cleanup leaves that partition alone: its events leave with it, by
+/// a drop, and no cleanup round reads it. An event published eight days ago there (a
+/// clock set back, here by hand) stays.
+#[sqlx::test(migrations = false)]
+async fn a_young_current_partition_is_left_to_the_drops(pool: PgPool) {
+    use outbox_runtime::relay::Cleanup;
+    let kafka = outbox_tests::kafka::Kafka::start();
+    let outbox = migrate(&pool).await;
+    let mut tx = pool.begin().await.expect("begin");
+    outbox.append(&mut tx, &Step { id: "w".into(), n: 1, data: String::new() }).await.expect("append");
+    tx.commit().await.expect("commit");
+    sqlx::query("UPDATE outbox SET status = 'published', published_at = now() - interval '8 days'")
+        .execute(&pool)
+        .await
+        .expect("published long ago");
+    let config =
+        outbox_tests::running::quick(&kafka).cleanup(Cleanup::default().interval(Duration::from_secs(1)));
+    let relay = outbox_tests::running::start(&pool, &outbox, config);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    relay.shutdown().await;
+    assert_eq!(rows_in(&pool, "published").await, 1, "left to the partition's drop");
 }

@@ -371,26 +371,41 @@ async fn a_new_install_starts_partitioned_with_a_plain_outboxs_indexes(pool: PgP
     relay.shutdown().await;
 }
 
-/// Migration 13 leaves an existing install's table as it is: one with events in it, or
-/// one in a publication, or with a trigger of the user's, or a view on it.
+/// Migration 13 leaves an existing install's table as it is: one with events in it (its
+/// sequence set back, so that only the rows say so), one that took an id, one in a
+/// publication (of the table, or of its whole schema), with a trigger or a unique index of
+/// the user's, or a view on it. A new install in a schema of its own is partitioned.
 #[sqlx::test(migrations = false)]
 async fn an_existing_install_stays_plain(pool: PgPool) {
     let setups = [
+        ("fresh", ""),
         ("events", "INSERT INTO {t} (event_id, aggregate_type, aggregate_id, event_type, schema_version, topic, payload) \
-                    VALUES (gen_random_uuid(), 'a', 'b', 'c', 1, 'd', '{}')"),
+                    VALUES (gen_random_uuid(), 'a', 'b', 'c', 1, 'd', '{}'); \
+                    SELECT setval(pg_get_serial_sequence('{t}', 'id'), 1, false)"),
+        ("used", "SELECT nextval(pg_get_serial_sequence('{t}', 'id'))"),
         ("publication", "CREATE PUBLICATION keep_plain_{s} FOR TABLE {t}"),
+        ("whole_schema", "CREATE PUBLICATION keep_plain_{s} FOR TABLES IN SCHEMA {s}"),
         ("trigger", "CREATE FUNCTION {s}.noop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$; \
                      CREATE TRIGGER noop BEFORE INSERT ON {t} FOR EACH ROW EXECUTE FUNCTION {s}.noop()"),
+        ("unique_index", "CREATE UNIQUE INDEX outbox_mine ON {t} (aggregate_id, aggregate_version)"),
         ("view", "CREATE VIEW {s}.pending AS SELECT id FROM {t} WHERE status = 'pending'"),
     ];
     for (schema, setup) in setups {
         sqlx::query(AssertSqlSafe(format!("CREATE SCHEMA {schema}"))).execute(&pool).await.expect("schema");
         let outbox = Outbox::new(outbox_runtime::OutboxConfig::default().schema(schema)).expect("outbox");
         outbox.migrator().run_to(12, &pool).await.expect("to 12");
-        let setup = setup.replace("{t}", &format!("{schema}.outbox")).replace("{s}", schema);
-        sqlx::raw_sql(AssertSqlSafe(setup)).execute(&pool).await.expect("setup");
+        if !setup.is_empty() {
+            let setup = setup.replace("{t}", &format!("{schema}.outbox")).replace("{s}", schema);
+            sqlx::raw_sql(AssertSqlSafe(setup)).execute(&pool).await.expect("setup");
+        }
         outbox.migrator().run(&pool).await.expect("migration 13");
-        assert!(!outbox.ops().is_partitioned(&pool).await.expect("layout"), "{schema}: left plain");
+        let partitioned = outbox.ops().is_partitioned(&pool).await.expect("layout");
+        assert_eq!(partitioned, schema == "fresh", "{schema}: partitioned only when new");
     }
-    sqlx::query("DROP PUBLICATION keep_plain_publication").execute(&pool).await.expect("drop");
+    for publication in ["keep_plain_publication", "keep_plain_whole_schema"] {
+        sqlx::query(AssertSqlSafe(format!("DROP PUBLICATION {publication}")))
+            .execute(&pool)
+            .await
+            .expect("drop");
+    }
 }

@@ -200,7 +200,7 @@ BEGIN
     LOCK TABLE {outbox} IN ACCESS EXCLUSIVE MODE;
     IF EXISTS (SELECT 1 FROM {outbox})
        OR pg_sequence_last_value(pg_get_serial_sequence('{outbox}', 'id')::regclass) IS NOT NULL
-       OR EXISTS (SELECT 1 FROM pg_publication_rel WHERE prrelid = '{outbox}'::regclass)
+       OR EXISTS (SELECT 1 FROM pg_publication_tables WHERE schemaname = '{schema}' AND tablename = '{table}')
        OR EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = '{outbox}'::regclass AND NOT tgisinternal)
        OR EXISTS (SELECT 1 FROM pg_rewrite r JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
                   WHERE d.refobjid = '{outbox}'::regclass)

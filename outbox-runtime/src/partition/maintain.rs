@@ -193,20 +193,44 @@ async fn next_id(conn: &mut PgConnection, names: &Names) -> Result<i64> {
     Ok(if called { last.saturating_add(1) } else { last })
 }
 
-/// The partitions whose published rows past retention the cleanup deletes one by one:
-/// the legacy and default ones, and the current one and those ahead, where they are when
-/// the retention is shorter than the span. Those before the current one leave whole, by
-/// the rounds' drops. Quoted names.
-pub(crate) async fn deleted_from(conn: &mut PgConnection, names: &Names) -> Result<Vec<String>> {
-    let current = current_partition(conn, names).await?;
-    let mut deleted: Vec<String> = partitions(conn, names)
-        .await?
-        .into_iter()
-        .filter(|part| part.k.is_none_or(|k| k >= current))
-        .map(|part| format!("\"{}\".\"{}\"", names.schema, part.name))
-        .collect();
-    deleted.push(super::relation(names, "_default"));
-    Ok(deleted)
+/// Which rows of a partitioned outbox the cleanup deletes one by one, as a predicate on
+/// `id` (constants, so that the planner prunes the other partitions): the legacy
+/// partition's and the default one's, and the current partition's and those ahead when its
+/// first event was appended more than `retention` ago, so that some may be past it: a
+/// retention shorter than the span, or appends that stay in one partition because the
+/// rounds cannot move them on (a relay that is not the table's owner). The partitions
+/// before the current one leave whole, by the rounds' drops. Read with what such a relay
+/// may read: the catalog and the outbox table.
+pub(crate) async fn deleted_by_cleanup(
+    conn: &mut PgConnection,
+    names: &Names,
+    retention: Duration,
+) -> Result<String> {
+    let numbered: Vec<i64> = partitions(conn, names).await?.into_iter().filter_map(|part| part.k).collect();
+    let (Some(lowest), Some(highest)) = (numbered.iter().min(), numbered.iter().max()) else {
+        return Ok("true".to_owned());
+    };
+    let mut from = (highest + 1).saturating_mul(1 << SPAN_BITS);
+    let newest: Option<i64> =
+        sqlx::query_scalar(AssertSqlSafe(format!("SELECT max(id) FROM {}", names.outbox)))
+            .fetch_one(&mut *conn)
+            .await?;
+    if let Some(newest) = newest {
+        let current = (newest >> SPAN_BITS) << SPAN_BITS;
+        let retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+        let old: Option<bool> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT created_at < now() - $1 * interval '1 millisecond' FROM {} WHERE id >= $2 ORDER BY id LIMIT 1",
+            names.outbox
+        )))
+        .bind(retention_ms)
+        .bind(current)
+        .fetch_optional(&mut *conn)
+        .await?;
+        if old == Some(true) {
+            from = from.min(current);
+        }
+    }
+    Ok(format!("(id < {} OR id >= {from})", lowest << SPAN_BITS))
 }
 
 /// The partition the next append goes to.

@@ -143,3 +143,25 @@ fn plan_shape(node: &serde_json::Value, depth: usize, out: &mut String) {
         plan_shape(child, depth + 1, out);
     }
 }
+
+/// The change-data-capture relay's table path on a partitioned outbox keeps its own scope
+/// (only rows something touched since their append) and gets the partitioned bounds; the
+/// polling relay's statements become the partitioned ones. Before, the table path kept
+/// the plain table's unbounded statements.
+#[cfg(feature = "cdc")]
+#[test]
+fn the_table_paths_statements_are_bounded_on_a_partitioned_outbox_and_keep_their_scope() {
+    let names = Outbox::default_ref().names();
+    let floor = crate::migrate::open_floor_sql(&names.outbox);
+    let table_path = Statements::table_path(names).on_partitions(names);
+    for sql in table_path.claim_sql() {
+        assert!(sql.contains(&floor), "bounded by the lowest open id: {sql}");
+        assert!(sql.contains(crate::migrate::TOUCHED), "only touched rows: {sql}");
+    }
+    let polling = Statements::new(names).on_partitions(names);
+    for (sql, partitioned) in polling.claim_sql().into_iter().zip(Statements::partitioned(names).claim_sql())
+    {
+        assert_eq!(sql, partitioned);
+        assert!(sql.contains(&floor));
+    }
+}
