@@ -2,20 +2,19 @@
 
 use std::time::Duration;
 
-use outbox_runtime::{AppendOptions, NewEvent};
+use outbox_runtime::{AppendOptions, NewEvent, Outbox};
 use outbox_tests::{migrate, rows_in, Step};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);
 
-#[sqlx::test(migrations = false)]
-async fn cleanup_deletes_only_published_rows_past_retention_in_bounded_batches(pool: PgPool) {
-    let outbox = migrate(&pool).await;
-    let events: Vec<NewEvent> = (0..45)
+/// Appends `n` steps of `aggregates` aggregates in one transaction (ids in append order).
+async fn append_steps(pool: &PgPool, outbox: &Outbox, n: i64, aggregates: i64) {
+    let events: Vec<NewEvent> = (0..n)
         .map(|n| {
             NewEvent::new(
-                &Step { id: format!("c-{}", n % 9), n, data: String::new() },
+                &Step { id: format!("c-{}", n % aggregates), n, data: String::new() },
                 AppendOptions::default(),
             )
             .expect("event")
@@ -24,6 +23,12 @@ async fn cleanup_deletes_only_published_rows_past_retention_in_bounded_batches(p
     let mut tx = pool.begin().await.expect("begin");
     outbox.append_batch(&mut tx, &events).await.expect("append");
     tx.commit().await.expect("commit");
+}
+
+#[sqlx::test(migrations = false)]
+async fn cleanup_deletes_only_published_rows_past_retention_in_bounded_batches(pool: PgPool) {
+    let outbox = migrate(&pool).await;
+    append_steps(&pool, &outbox, 45, 9).await;
     // 30 published 10 days ago, 5 published an hour ago, 5 failed 10 days ago, 5 pending.
     sqlx::query(
         "UPDATE outbox SET created_at = now() - interval '11 days', \
@@ -89,18 +94,7 @@ async fn cleaned_by_a_relay_that_is_not_the_owner(pool: &PgPool, retention: Dura
     let kafka = outbox_tests::kafka::Kafka::start();
     let outbox = migrate(pool).await;
     assert!(outbox.ops().is_partitioned(pool).await.expect("layout"), "a new install's outbox");
-    let events: Vec<NewEvent> = (0..20)
-        .map(|n| {
-            NewEvent::new(
-                &Step { id: format!("p-{}", n % 4), n, data: String::new() },
-                AppendOptions::default(),
-            )
-            .expect("event")
-        })
-        .collect();
-    let mut tx = pool.begin().await.expect("begin");
-    outbox.append_batch(&mut tx, &events).await.expect("append");
-    tx.commit().await.expect("commit");
+    append_steps(pool, &outbox, 20, 4).await;
     // All appended `age` ago: 10 published then, 5 a minute ago, 5 failed.
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE outbox SET created_at = now() - interval '{age}', \

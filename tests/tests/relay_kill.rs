@@ -182,18 +182,28 @@ async fn kill_run(pool: PgPool, aggregates: i64, versions: i64, model: Model) {
         next_point += 1;
         let mut victim = rng.range(0, RELAYS as u64) as usize;
         if let Some(slot) = slot_name {
-            // Two kills in three hit the process that streams (a standby's death changes
-            // nothing): found by the application name of the slot's server process.
-            let streaming: Option<String> = sqlx::query_scalar(
-                "SELECT a.application_name FROM pg_replication_slots s \
-                 JOIN pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = $1",
-            )
-            .bind(slot)
-            .fetch_optional(&pool)
-            .await
-            .expect("the streaming relay");
-            if let Some(i) = streaming.and_then(|name| names.iter().position(|n| *n == name)) {
-                if rng.range(0, 3) < 2 {
+            // The first kill, and then two in three, hit the process that streams (a
+            // standby's death changes nothing): found by the application name of the slot's
+            // server process, waited for up to 2 s while a standby takes the slot over (a
+            // kill that looked once, between two streamers, found none: in CI, 0 of 6).
+            let mut streaming = None;
+            for _ in 0..40 {
+                let name: Option<String> = sqlx::query_scalar(
+                    "SELECT a.application_name FROM pg_replication_slots s \
+                     JOIN pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = $1",
+                )
+                .bind(slot)
+                .fetch_optional(&pool)
+                .await
+                .expect("the streaming relay");
+                streaming = name.and_then(|name| names.iter().position(|n| *n == name));
+                if streaming.is_some() || rows_in(&pool, "published").await >= total {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if let Some(i) = streaming {
+                if streaming_kills == 0 || rng.range(0, 3) < 2 {
                     victim = i;
                     streaming_kills += 1;
                 }
