@@ -5,8 +5,9 @@ use sqlx::{PgPool, Row as _, SqlStr};
 
 use crate::error::Result;
 use crate::migrate::{PENDING_BY_ID, TOUCHED};
-use crate::relay::claim::{Placement, MARK_PLAN};
+use crate::relay::claim::Placement;
 use crate::relay::mark::storable;
+use crate::relay::plan::MARK_PLAN;
 use crate::table::{sql, Names};
 
 /// A streamed row as the table has it now.

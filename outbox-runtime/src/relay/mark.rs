@@ -6,7 +6,8 @@ use std::time::Duration;
 use sqlx::{PgConnection, PgPool, Row as _, SqlStr};
 use uuid::Uuid;
 
-use super::claim::{Placement, Statements, MARK_PLAN};
+use super::claim::{Placement, Statements};
+use super::plan::{array_literal, explained, EXPLAINED_DONE, MARK_PLAN};
 use crate::error::Result;
 
 /// The fencing credentials of a mark.
@@ -103,22 +104,21 @@ impl Statements {
             return Ok((marked, plans));
         }
         sqlx::query(MARK_PLAN).execute(&mut *tx).await?;
-        let statement = |sql: &SqlStr| {
-            if explain {
-                crate::table::sql(format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", sql.as_str()))
-            } else {
-                sql.clone()
-            }
-        };
         if !marks.published.is_empty() {
             let ids: Vec<i64> = marks.published.iter().map(|(id, _)| *id).collect();
             let parts: Vec<i32> = marks.published.iter().map(|(_, p)| p.partition).collect();
             let offsets: Vec<i64> = marks.published.iter().map(|(_, p)| p.offset).collect();
-            let query =
-                sqlx::query(statement(&self.published)).bind(ids).bind(parts).bind(offsets).bind(&held);
             if explain {
-                plans.push(query.fetch_one(&mut *tx).await?.try_get(0)?);
+                let args = [
+                    array_literal(&ids, "bigint"),
+                    array_literal(&parts, "int"),
+                    array_literal(&offsets, "bigint"),
+                    array_literal(&held, "int"),
+                ];
+                plans.push(explain_in(tx, &self.published, "bigint[], int[], bigint[], int[]", &args).await?);
             } else {
+                let query =
+                    sqlx::query(self.published.clone()).bind(ids).bind(parts).bind(offsets).bind(&held);
                 let latencies = query
                     .fetch_all(&mut *tx)
                     .await?
@@ -145,30 +145,59 @@ impl Statements {
                 .collect();
             let errors: Vec<String> = marks.retry.iter().map(|(_, _, e, _)| storable(e)).collect();
             let attempts: Vec<i32> = marks.retry.iter().map(|(.., attempt)| i32::from(*attempt)).collect();
-            let query = sqlx::query(statement(&self.retry))
-                .bind(ids)
-                .bind(delays)
-                .bind(errors)
-                .bind(attempts)
-                .bind(&held);
             if explain {
-                plans.push(query.fetch_one(&mut *tx).await?.try_get(0)?);
+                let args = [
+                    array_literal(&ids, "bigint"),
+                    array_literal(&delays, "bigint"),
+                    array_literal(&errors, "text"),
+                    array_literal(&attempts, "int"),
+                    array_literal(&held, "int"),
+                ];
+                plans.push(
+                    explain_in(tx, &self.retry, "bigint[], bigint[], text[], int[], int[]", &args).await?,
+                );
             } else {
+                let query = sqlx::query(self.retry.clone())
+                    .bind(ids)
+                    .bind(delays)
+                    .bind(errors)
+                    .bind(attempts)
+                    .bind(&held);
                 marked.retry = query.execute(&mut *tx).await?.rows_affected();
             }
         }
         if !marks.failed.is_empty() {
             let ids: Vec<i64> = marks.failed.iter().map(|(id, _)| *id).collect();
             let errors: Vec<String> = marks.failed.iter().map(|(_, e)| storable(e)).collect();
-            let query = sqlx::query(statement(&self.failed)).bind(ids).bind(errors).bind(&held);
             if explain {
-                plans.push(query.fetch_one(&mut *tx).await?.try_get(0)?);
+                let args = [
+                    array_literal(&ids, "bigint"),
+                    array_literal(&errors, "text"),
+                    array_literal(&held, "int"),
+                ];
+                plans.push(explain_in(tx, &self.failed, "bigint[], text[], int[]", &args).await?);
             } else {
+                let query = sqlx::query(self.failed.clone()).bind(ids).bind(errors).bind(&held);
                 marked.failed = query.execute(&mut *tx).await?.rows_affected();
             }
         }
         Ok((marked, plans))
     }
+}
+
+/// The plan and row counts of `sql` run in `tx` as the relay runs it, one generic plan
+/// ([`MARK_PLAN`]): prepared with parameters of `types`, executed with `args`.
+async fn explain_in(
+    tx: &mut PgConnection,
+    sql: &SqlStr,
+    types: &str,
+    args: &[String],
+) -> Result<serde_json::Value> {
+    let (prepare, execute) = explained(sql.as_str(), types, args);
+    sqlx::raw_sql(crate::table::sql(prepare)).execute(&mut *tx).await?;
+    let plan = sqlx::query_scalar(crate::table::sql(execute)).fetch_one(&mut *tx).await?;
+    sqlx::raw_sql(EXPLAINED_DONE).execute(&mut *tx).await?;
+    Ok(plan)
 }
 
 /// `text` as PostgreSQL stores it: without NUL characters, which `text` cannot hold (an

@@ -34,6 +34,7 @@ mod hold;
 mod lease;
 mod listen;
 pub(crate) mod mark;
+pub(crate) mod plan;
 pub(crate) mod publish;
 mod run;
 pub(crate) mod topics;
