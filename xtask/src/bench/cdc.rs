@@ -6,11 +6,12 @@
 //! across the send, against the lease mode); for each model WAL bytes and dead tuples per
 //! 10,000 events and the p50 and p99 of created-to-published at a steady 500 events/s.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_examples::events::{OrderConfirmed, Payment};
 use outbox_runtime::cdc::{CdcConfig, CdcRelay};
-use outbox_runtime::relay::{bench as hooks, ClaimMode, Relay, RelayConfig};
+use outbox_runtime::relay::{bench as hooks, ClaimMode, Relay, RelayConfig, RelayStats};
 use outbox_runtime::{AppendOptions, NewEvent, Outbox, OutboxEvent};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -19,7 +20,7 @@ use uuid::Uuid;
 
 use super::broker::mock_broker;
 use super::relay::fill;
-use super::{count, rate, Failure, Figures, Sizes, Stall, PARTITIONS};
+use super::{count, rate, wait_published, Failure, Figures, Sizes, PARTITIONS};
 
 /// The bench's slot and publication, dropped at the end (and at the start, if a failed
 /// run left them).
@@ -70,25 +71,32 @@ async fn dead_tuples(pool: &PgPool) -> Result<f64, Failure> {
 }
 
 /// Starts a relay of `which` kind.
+/// A relay running: how to stop it, its counters, its task.
+type Started = (CancellationToken, Arc<RelayStats>, tokio::task::JoinHandle<outbox_runtime::Result<()>>);
+
 fn start(
     pool: &PgPool,
     outbox: &Outbox,
     config: RelayConfig,
     cdc: &CdcConfig,
     which: &Which,
-) -> Result<(CancellationToken, tokio::task::JoinHandle<outbox_runtime::Result<()>>), Failure> {
+) -> Result<Started, Failure> {
     let stop = CancellationToken::new();
-    let task = match which {
-        Which::Polling => tokio::spawn(Relay::new(pool.clone(), outbox.clone(), config)?.run(stop.clone())),
-        Which::HoldLocks => tokio::spawn(
-            Relay::new(pool.clone(), outbox.clone(), config.claim_mode(ClaimMode::HoldLocks))?
-                .run(stop.clone()),
-        ),
+    let (stats, task) = match which {
+        Which::Polling | Which::HoldLocks => {
+            let config = match which {
+                Which::HoldLocks => config.claim_mode(ClaimMode::HoldLocks),
+                _ => config,
+            };
+            let relay = Relay::new(pool.clone(), outbox.clone(), config)?;
+            (relay.stats(), tokio::spawn(relay.run(stop.clone())))
+        }
         Which::Cdc => {
-            tokio::spawn(CdcRelay::new(pool.clone(), outbox.clone(), config, cdc.clone())?.run(stop.clone()))
+            let relay = CdcRelay::new(pool.clone(), outbox.clone(), config, cdc.clone())?;
+            (relay.stats(), tokio::spawn(relay.run(stop.clone())))
         }
     };
-    Ok((stop, task))
+    Ok((stop, stats, task))
 }
 
 /// What draining a backlog cost.
@@ -111,26 +119,11 @@ async fn drain(
     let relay_pool = PgPoolOptions::new().max_connections(8).connect(url).await?;
     let (wal_before, dead_before) = (wal_after_checkpoint(pool).await?, dead_tuples(pool).await?);
     let started = Instant::now();
-    let (stop, task) = start(&relay_pool, outbox, config, cdc, which)?;
-    let mut stall = Stall::new();
-    loop {
-        let published = count(pool, "SELECT count(*) FROM outbox WHERE status = 'published'").await?;
-        if published >= n {
-            break;
-        }
-        if task.is_finished() {
-            return Err(
-                format!("the relay stopped after publishing {published} of {n}: {:?}", task.await).into()
-            );
-        }
-        if let Err(e) = stall.check("the relay", published, n) {
-            stop.cancel();
-            return Err(e);
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (stop, stats, mut task) = start(&relay_pool, outbox, config, cdc, which)?;
+    let waited = wait_published(pool, &stats, &mut task, n).await;
     let elapsed = started.elapsed();
     stop.cancel();
+    waited?;
     task.await??;
     relay_pool.close().await;
     let wal_bytes = wal(pool).await? - wal_before;
@@ -151,7 +144,7 @@ async fn steady(
     seconds: u64,
 ) -> Result<(f64, f64), Failure> {
     sqlx::query("TRUNCATE outbox").execute(pool).await?;
-    let (stop, task) = start(pool, outbox, config, cdc, which)?;
+    let (stop, _, task) = start(pool, outbox, config, cdc, which)?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let total = seconds * 500;
     let mut tick = tokio::time::interval(Duration::from_millis(10));

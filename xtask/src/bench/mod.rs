@@ -354,6 +354,38 @@ async fn count(pool: &PgPool, sql: &'static str) -> Result<i64, Failure> {
     Ok(sqlx::query_scalar(sql).fetch_one(pool).await?)
 }
 
+/// Waits until `n` rows of the outbox are published by the relay running as `task`. Reads
+/// the relay's own counter every 5 ms (free) and the table (a count over the whole outbox)
+/// only once the counter reaches `n`, and once a second besides in case the counter
+/// counts something else: read every 20 ms, the count took about a third of one of the
+/// two cores from the relay and its database while they drained the quick bench's
+/// backlog, which the raw producer's baseline never paid. Fails when the relay ends first
+/// or nothing moves for a minute.
+async fn wait_published<T: std::fmt::Debug>(
+    pool: &PgPool,
+    stats: &outbox_runtime::relay::RelayStats,
+    task: &mut tokio::task::JoinHandle<T>,
+    n: i64,
+) -> Result<(), Failure> {
+    let mut stall = Stall::new();
+    let mut counted = Instant::now();
+    loop {
+        let said = i64::try_from(stats.published()).unwrap_or(i64::MAX);
+        if said >= n || counted.elapsed() >= Duration::from_secs(1) {
+            counted = Instant::now();
+            let published = count(pool, "SELECT count(*) FROM outbox WHERE status = 'published'").await?;
+            if published >= n {
+                return Ok(());
+            }
+        }
+        if task.is_finished() {
+            return Err(format!("the relay stopped after publishing {said} of {n}: {:?}", task.await).into());
+        }
+        stall.check("the relay", said, n)?;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Fails when `progress` has not moved for a minute: a stalled broker, named, instead of
 /// a run that never ends.
 struct Stall {

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::broker::Broker;
-use super::{count, rate, Failure, Figures, Sizes, Stall, PARTITIONS};
+use super::{rate, wait_published, Failure, Figures, Sizes, PARTITIONS};
 
 const PAYLOAD_BYTES: i64 = 1024;
 
@@ -51,26 +51,14 @@ async fn fill_rows(pool: &PgPool, n: i64, aggregates: i64, topic: &str) -> Resul
 /// Runs a relay until `n` rows are published; returns the time from its start.
 async fn drain(pool: &PgPool, outbox: &Outbox, config: RelayConfig, n: i64) -> Result<Duration, Failure> {
     let relay = Relay::new(pool.clone(), outbox.clone(), config)?;
+    let stats = relay.stats();
     let stop = CancellationToken::new();
     let started = Instant::now();
-    let task = tokio::spawn(relay.run(stop.clone()));
-    let mut stall = Stall::new();
-    loop {
-        let published = count(pool, "SELECT count(*) FROM outbox WHERE status = 'published'").await?;
-        if published >= n {
-            break;
-        }
-        if task.is_finished() {
-            return Err(format!("the relay stopped after publishing {published} of {n}").into());
-        }
-        if let Err(e) = stall.check("the relay", published, n) {
-            stop.cancel();
-            return Err(e);
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let mut task = tokio::spawn(relay.run(stop.clone()));
+    let waited = wait_published(pool, &stats, &mut task, n).await;
     let elapsed = started.elapsed();
     stop.cancel();
+    waited?;
     task.await??;
     Ok(elapsed)
 }
