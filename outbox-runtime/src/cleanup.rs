@@ -88,7 +88,10 @@ impl Cleanup {
             match self.delete(&pool, &outbox, &shutdown).await {
                 Ok(0) => {}
                 Ok(deleted) => debug!(deleted, stage = "cleanup", "deleted published events past retention"),
-                Err(error) => warn!(stage = "cleanup", %error, "cleanup failed; trying again next round"),
+                Err(error) => {
+                    metrics::counter!(crate::metrics::OUTBOX_CLEANUP_ERRORS).increment(1);
+                    warn!(stage = "cleanup", %error, "cleanup failed; trying again next round");
+                }
             }
         }
     }

@@ -28,6 +28,7 @@
 //! | `outbox_partitions` | gauge | | partitions of a partitioned outbox table (the legacy one included) after the last maintenance round |
 //! | `outbox_partitions_overdue` | gauge | | of those, past retention but kept because they hold pending or failed events |
 //! | `outbox_partition_errors_total` | counter | | partition maintenance rounds that failed (the next round tries again) |
+//! | `outbox_cleanup_errors_total` | counter | | relay cleanup rounds (published rows past retention) that failed (the next round tries again) |
 //! | `outbox_relay_claim_windows_passed_total` | counter | | claims whose window of fresh events was full of events held back behind an earlier event of their aggregate (waiting for a retry or failed), so that the next claim walks on past it |
 //! | `outbox_refused_total` | counter | `event_type` | non-critical appends refused near capacity |
 //! | `outbox_relay_batch_seconds` | histogram | | one relay batch: read, publish, mark |
@@ -48,6 +49,7 @@
 //! | `inbox_paused_partitions` | gauge | `consumer` | partitions paused because their worker is behind or the memory budget is spent |
 //! | `inbox_buffered_bytes` | gauge | `consumer` | bytes of records the inbox holds, from receipt until their outcome (see `InboxConfig::memory_budget`) |
 //! | `inbox_receive_errors_total` | counter | `consumer` | errors receiving from Kafka (the consumer goes on) |
+//! | `inbox_maintenance_errors_total` | counter | `consumer`, `stage` = partitions, cleanup | the consumer's maintenance rounds of its dedup table that failed (the next round tries again) |
 //! | `inbox_partitions` | gauge | `consumer` | time partitions of a partitioned dedup table, after the consumer's last maintenance round |
 //! | `inbox_partitions_overdue` | gauge | `consumer` | of those, past this consumer's dedup retention but kept for another consumer (one within its own retention, keeping for ever, or of an older version that registered none) |
 //!
@@ -94,10 +96,12 @@ pub(crate) const INBOX_PAUSED: &str = "inbox_paused_partitions";
 pub(crate) const INBOX_BUFFERED: &str = "inbox_buffered_bytes";
 pub(crate) const INBOX_RECEIVE_ERRORS: &str = "inbox_receive_errors_total";
 pub(crate) const INBOX_PARTITIONS: &str = "inbox_partitions";
+pub(crate) const INBOX_MAINTENANCE_ERRORS: &str = "inbox_maintenance_errors_total";
 pub(crate) const INBOX_PARTITIONS_OVERDUE: &str = "inbox_partitions_overdue";
 pub(crate) const OUTBOX_PARTITIONS: &str = "outbox_partitions";
 pub(crate) const OUTBOX_PARTITIONS_OVERDUE: &str = "outbox_partitions_overdue";
 pub(crate) const OUTBOX_PARTITION_ERRORS: &str = "outbox_partition_errors_total";
+pub(crate) const OUTBOX_CLEANUP_ERRORS: &str = "outbox_cleanup_errors_total";
 
 /// Sets the gauges of a relay's database pool: connections open and in use, and its
 /// maximum.

@@ -7,6 +7,7 @@
 //!   databases on it;
 //! - [`events`]: the test events and the headers the relay writes;
 //! - [`Rng`]: the seeded generator whose seed a run prints;
+//! - [`metrics_kit`]: metrics read back through a debugging recorder;
 //! - [`raw`], [`running`], [`fuzz`]: records no safe client writes, a relay running in the
 //!   test, the inbox's fuzz run;
 //! - [`relay_kit`], [`inbox_kit`], [`cdc_kit`]: what the relay's, the inbox's and the
@@ -26,6 +27,7 @@ pub mod events;
 pub mod fuzz;
 pub mod inbox_kit;
 pub mod kafka;
+pub mod metrics_kit;
 pub mod partition_kit;
 pub mod raw;
 pub mod relay_kit;

@@ -1,49 +1,15 @@
 //! Metrics against a known state, read through a debugging recorder installed for this
 //! test binary.
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use outbox_runtime::relay::{Relay, RelayConfig};
 use outbox_runtime::{AppendOptions, NewEvent};
 use outbox_tests::kafka::Kafka;
+use outbox_tests::metrics_kit::{snapshot, snapshotter};
 use outbox_tests::{eventually, migrate, rows_in, Step};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
-
-fn snapshotter() -> &'static Snapshotter {
-    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
-    SNAPSHOTTER.get_or_init(|| {
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        recorder.install().expect("the only recorder of this test binary");
-        snapshotter
-    })
-}
-
-/// One snapshot (taking it drains the histograms and counters), by metric name: gauges and counters as
-/// one number, histograms as their samples. Labelled series are keyed
-/// `name{label=value,...}`.
-fn snapshot() -> std::collections::BTreeMap<String, Vec<f64>> {
-    let mut by_name: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
-    for (key, _, _, value) in snapshotter().snapshot().into_vec() {
-        let labels: Vec<String> = key.key().labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
-        let name = if labels.is_empty() {
-            key.key().name().to_owned()
-        } else {
-            format!("{}{{{}}}", key.key().name(), labels.join(","))
-        };
-        let values = by_name.entry(name).or_default();
-        match value {
-            DebugValue::Gauge(g) => values.push(g.into_inner()),
-            #[allow(clippy::cast_precision_loss)]
-            DebugValue::Counter(c) => values.push(c as f64),
-            DebugValue::Histogram(h) => values.extend(h.into_iter().map(|v| v.into_inner())),
-        }
-    }
-    by_name
-}
 
 async fn append(pool: &PgPool, id: &str, n: i64) {
     let outbox = outbox_runtime::Outbox::default_ref();

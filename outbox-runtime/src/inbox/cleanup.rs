@@ -93,15 +93,26 @@ pub(super) async fn cleanup_loop(inbox: Inbox, shutdown: CancellationToken) {
                 debug!(consumer = %inbox.config.consumer, stage = "partitions", "another consumer maintains the partitions");
             }
             Ok(_) => {}
-            Err(error) => warn!(consumer = %inbox.config.consumer, stage = "partitions", %error,
-                                "maintaining the dedup table's partitions failed; trying again next round"),
+            Err(error) => {
+                failed(&inbox, "partitions");
+                warn!(consumer = %inbox.config.consumer, stage = "partitions", %error,
+                      "maintaining the dedup table's partitions failed; trying again next round");
+            }
         }
         if let (Some(retention), false) = (inbox.config.dedup_retention, first) {
             if let Err(error) = inbox.delete_applied(retention, inbox.config.cleanup_batch).await {
+                failed(&inbox, "cleanup");
                 warn!(consumer = %inbox.config.consumer, stage = "cleanup", %error,
                       "inbox cleanup failed; trying again next round");
             }
         }
         first = false;
     }
+}
+
+/// Counts a failed maintenance `stage` of this consumer.
+fn failed(inbox: &Inbox, stage: &'static str) {
+    metrics::counter!(crate::metrics::INBOX_MAINTENANCE_ERRORS,
+                      "consumer" => inbox.config.consumer.clone(), "stage" => stage)
+    .increment(1);
 }
