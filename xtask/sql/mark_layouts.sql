@@ -1,7 +1,10 @@
 -- Where the relay's mark costs go, by table layout: the same 20,000 events (1 KiB payload,
--- 150-byte trace header, 1,000 aggregates) appended one by one, then drained by a claim of
--- 1,000 in id order with the per-aggregate order check and a mark of those rows, in three
--- layouts, three interleaved rounds (BENCHMARKS.md, "The mark: three layouts measured").
+-- 150-byte trace header, 1,000 aggregates) appended one per transaction, then drained by a
+-- claim of 1,000 in id order with the per-aggregate order check and a mark of those rows,
+-- a commit after each mark as the relay's, in three layouts, three interleaved rounds, each
+-- load and drain from a CHECKPOINT (BENCHMARKS.md, "The mark: three layouts measured").
+-- Commits do not wait for the WAL flush (synchronous_commit = off): what is compared is the
+-- database's work, not the disk's fsync.
 --
 --   psql -h 127.0.0.1 -U postgres -d test -f xtask/sql/mark_layouts.sql
 --
@@ -10,8 +13,9 @@
 -- side:   payload and headers in a table of their own, inserted once; the claim joins it,
 --         the mark rewrites a narrow row.
 -- queue:  the open rows' state in a narrow table of their own (the status indexes move
---         there), so that the outbox row's mark is a HOT update (no index on what it changes;
---         fillfactor 70), and the queue row is deleted.
+--         there), so that the outbox row's mark can be a HOT update (no index on what it
+--         changes; fillfactor 50: room for a second version of each row), and the queue row
+--         is deleted.
 -- Everything runs in the schema mark_layouts, dropped at the end. Planner: no sequential or
 -- bitmap scans, as the relay's statements run.
 \set ON_ERROR_STOP on
@@ -34,7 +38,7 @@ CREATE TABLE inline (
     kafka_partition integer, kafka_offset bigint, failed_at timestamptz);
 CREATE TABLE side (LIKE inline INCLUDING DEFAULTS INCLUDING GENERATED INCLUDING IDENTITY);
 CREATE TABLE queue_events (LIKE inline INCLUDING DEFAULTS INCLUDING GENERATED INCLUDING IDENTITY)
-    WITH (fillfactor = 70);
+    WITH (fillfactor = 50);
 -- The outbox's indexes as migrations 1 to 12 leave them.
 DO $$
 DECLARE t text;
@@ -67,12 +71,12 @@ CREATE INDEX ON queue (aggregate_type, aggregate_id, id)
     WHERE status = 'failed' OR (status = 'pending' AND next_attempt_at > '-infinity');
 
 CREATE TABLE results (layout text, round int, load_ms float8, load_wal bigint, claim_ms float8,
-                      mark_ms float8, drain_wal bigint, drained bigint);
+                      mark_ms float8, drain_wal bigint, drained bigint, updated bigint, hot bigint);
 
 CREATE FUNCTION reset() RETURNS void LANGUAGE sql AS
     'TRUNCATE inline, side, side_payloads, queue_events, queue RESTART IDENTITY';
 
-CREATE FUNCTION load(layout text, round int, n int) RETURNS void LANGUAGE plpgsql AS $$
+CREATE PROCEDURE load(layout text, round int, n int) LANGUAGE plpgsql AS $$
 DECLARE
     t0 timestamptz := clock_timestamp();
     w0 pg_lsn := pg_current_wal_lsn();
@@ -93,12 +97,13 @@ BEGIN
                        RETURNING id, work_partition, aggregate_type, aggregate_id)
             INSERT INTO queue (id, work_partition, aggregate_type, aggregate_id) SELECT * FROM r;
         END IF;
+        COMMIT;
     END LOOP;
     INSERT INTO results (layout, round, load_ms, load_wal)
     VALUES (layout, round, 1000 * extract(epoch FROM clock_timestamp() - t0), pg_wal_lsn_diff(pg_current_wal_lsn(), w0));
 END $$;
 
-CREATE FUNCTION drain(layout text, round int, batch int) RETURNS void LANGUAGE plpgsql AS $$
+CREATE PROCEDURE drain(layout text, round int, batch int) LANGUAGE plpgsql AS $$
 DECLARE
     t0 timestamptz;
     w0 pg_lsn := pg_current_wal_lsn();
@@ -107,6 +112,9 @@ DECLARE
     total bigint := 0;
     claim interval := '0';
     mark interval := '0';
+    marked regclass := (CASE layout WHEN 'queue' THEN 'queue_events' ELSE layout END)::regclass;
+    n_updated bigint := 0;
+    n_hot bigint := 0;
 BEGIN
     LOOP
         t0 := clock_timestamp();
@@ -153,29 +161,34 @@ BEGIN
                    kafka_partition = 0, kafka_offset = u.id
             FROM unnest(ids) AS u(id) WHERE o.id = u.id AND o.status = 'pending';
         END IF;
+        n_updated := pg_stat_get_xact_tuples_updated(marked);
+        n_hot := pg_stat_get_xact_tuples_hot_updated(marked);
+        COMMIT;
         mark := mark + (clock_timestamp() - t0);
         total := total + cardinality(ids);
     END LOOP;
     UPDATE results r SET claim_ms = 1000 * extract(epoch FROM claim), mark_ms = 1000 * extract(epoch FROM mark),
-                         drain_wal = pg_wal_lsn_diff(pg_current_wal_lsn(), w0), drained = total
+                         drain_wal = pg_wal_lsn_diff(pg_current_wal_lsn(), w0), drained = total,
+                         updated = n_updated, hot = n_hot
     WHERE r.layout = drain.layout AND r.round = drain.round;
 END $$;
 
 SET enable_seqscan = off;
 SET enable_bitmapscan = off;
+SET synchronous_commit = off;
 \o /dev/null
 SELECT s FROM generate_series(1, 3) AS round,
      unnest(ARRAY['inline', 'side', 'queue']) WITH ORDINALITY AS l(layout, n),
      LATERAL unnest(ARRAY[
-        'SELECT mark_layouts.reset()',
-        format('SELECT mark_layouts.load(%L, %s, 20000)', layout, round),
+        'SELECT mark_layouts.reset()', 'CHECKPOINT',
+        format('CALL mark_layouts.load(%L, %s, 20000)', layout, round),
         'ANALYZE mark_layouts.inline', 'ANALYZE mark_layouts.side', 'ANALYZE mark_layouts.side_payloads',
-        'ANALYZE mark_layouts.queue_events', 'ANALYZE mark_layouts.queue',
-        format('SELECT mark_layouts.drain(%L, %s, 1000)', layout, round)]) WITH ORDINALITY AS st(s, k)
+        'ANALYZE mark_layouts.queue_events', 'ANALYZE mark_layouts.queue', 'CHECKPOINT',
+        format('CALL mark_layouts.drain(%L, %s, 1000)', layout, round)]) WITH ORDINALITY AS st(s, k)
 ORDER BY round, n, k \gexec
 \o
 
-\echo Medians of three rounds, 20,000 events (times in ms, WAL in bytes per event):
+\echo Medians of three rounds, 20,000 events (times in ms, WAL in bytes per event; drain_ms is the median of claim + mark):
 SELECT layout,
        round(percentile_cont(0.5) WITHIN GROUP (ORDER BY load_ms)) AS append_ms,
        round(percentile_cont(0.5) WITHIN GROUP (ORDER BY load_wal) / 20000) AS append_wal,
@@ -183,7 +196,7 @@ SELECT layout,
        round(percentile_cont(0.5) WITHIN GROUP (ORDER BY mark_ms)) AS mark_ms,
        round(percentile_cont(0.5) WITHIN GROUP (ORDER BY claim_ms + mark_ms)) AS drain_ms,
        round(percentile_cont(0.5) WITHIN GROUP (ORDER BY drain_wal) / 20000) AS drain_wal,
-       min(drained) AS drained
+       min(drained) AS drained, min(hot) || ' of ' || min(updated) AS hot_updates
 FROM results GROUP BY layout ORDER BY min(CASE layout WHEN 'inline' THEN 1 WHEN 'side' THEN 2 ELSE 3 END);
 \o /dev/null
 DROP SCHEMA mark_layouts CASCADE;
