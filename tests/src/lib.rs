@@ -22,6 +22,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 pub mod cdc_kit;
+pub mod compat_fuzz;
 pub mod db;
 pub mod events;
 pub mod fuzz;

@@ -5,6 +5,7 @@ use std::fmt;
 
 use serde_json::Value;
 
+use super::dialect::{canonical, Dialect};
 use super::keywords::{SCHEMA_ARRAY_KEYWORDS, SCHEMA_KEYWORDS, SCHEMA_MAP_KEYWORDS};
 
 /// Why a document could not be used as a schema. Every variant names its source.
@@ -53,7 +54,9 @@ pub enum InputError {
 #[derive(Clone, PartialEq)]
 pub struct SchemaDoc {
     name: String,
+    /// The document in the 2020-12 vocabulary (see `dialect`).
     root: Value,
+    dialect: Dialect,
     /// What a writer writes, when it is narrower than what the document accepts
     /// (`x-outbox.writer`, a whole schema document of its own).
     writer: Option<Box<SchemaDoc>>,
@@ -86,7 +89,12 @@ impl SchemaDoc {
     /// Validates an already parsed document.
     pub fn from_value(name: &str, root: Value) -> Result<Self, InputError> {
         let writer = root.get("x-outbox").and_then(|x| x.get("writer")).cloned();
-        let mut doc = SchemaDoc { name: name.to_owned(), root, writer: None };
+        let (dialect, root) = canonical(&root).map_err(|refused| InputError::NotASchema {
+            source_name: name.to_owned(),
+            pointer: refused.pointer,
+            reason: refused.reason,
+        })?;
+        let mut doc = SchemaDoc { name: name.to_owned(), root, dialect, writer: None };
         doc.validate(&doc.root, &mut String::new())?;
         if let Some(writer) = writer {
             let writer = SchemaDoc::from_value(&format!("{name} (x-outbox.writer)"), writer)?;
@@ -106,7 +114,14 @@ impl SchemaDoc {
         &self.name
     }
 
-    /// The document.
+    /// The dialect its `$schema` names (2020-12 when it names none).
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    /// The document, rewritten into the 2020-12 vocabulary when its dialect is another
+    /// (draft-04's boolean `exclusiveMinimum`, an `items` tuple, `dependencies`, ...), with
+    /// the same meaning.
     pub fn root(&self) -> &Value {
         &self.root
     }
@@ -159,15 +174,18 @@ impl SchemaDoc {
                 "type" => {
                     let ok = match value {
                         Value::String(t) => TYPE_NAMES.contains(&t.as_str()),
+                        // Non-empty and without repeats, as every dialect's meta-schema says.
                         Value::Array(ts) => {
-                            ts.iter().all(|t| t.as_str().is_some_and(|t| TYPE_NAMES.contains(&t)))
+                            !ts.is_empty()
+                                && ts.iter().all(|t| t.as_str().is_some_and(|t| TYPE_NAMES.contains(&t)))
+                                && ts.iter().enumerate().all(|(i, t)| !ts[..i].contains(t))
                         }
                         _ => false,
                     };
                     if !ok {
                         return Err(self.not_a_schema(
                             pointer,
-                            format!("type must be one of {TYPE_NAMES:?} or an array of them, found {value}"),
+                            format!("type must be one of {TYPE_NAMES:?} or a non-empty array of them without repeats, found {value}"),
                         ));
                     }
                 }
@@ -190,6 +208,20 @@ impl SchemaDoc {
                     };
                     self.validate_each(items.iter().enumerate().map(|(i, v)| (i.to_string(), v)), pointer)?;
                 }
+                "patternProperties" if value.is_object() => {
+                    let map = value.as_object().into_iter().flatten();
+                    if let Some((pattern, error)) =
+                        map.clone().find_map(|(p, _)| ecma_regex(p).err().map(|e| (p, e)))
+                    {
+                        return Err(self.not_a_schema(
+                            pointer,
+                            format!(
+                                "property pattern {pattern:?} is not an ECMA-262 regular expression: {error}"
+                            ),
+                        ));
+                    }
+                    self.validate_each(map.map(|(k, v)| (escape(k), v)), pointer)?;
+                }
                 k if SCHEMA_MAP_KEYWORDS.contains(&k) => {
                     let Value::Object(map) = value else {
                         return Err(self.not_a_schema(pointer, format!("{k} must be an object of schemas")));
@@ -206,8 +238,36 @@ impl SchemaDoc {
                 {
                     return Err(self.not_a_schema(pointer, format!("{key} must be a non-negative integer")));
                 }
-                "format" | "pattern" if !value.is_string() => {
+                "format" if !value.is_string() => {
                     return Err(self.not_a_schema(pointer, format!("{key} must be a string")));
+                }
+                "pattern" => {
+                    let Value::String(pattern) = value else {
+                        return Err(self.not_a_schema(pointer, "pattern must be a string"));
+                    };
+                    if let Err(error) = ecma_regex(pattern) {
+                        return Err(self.not_a_schema(
+                            pointer,
+                            format!("pattern {pattern:?} is not an ECMA-262 regular expression: {error}"),
+                        ));
+                    }
+                }
+                "dependentRequired"
+                    if !value.as_object().is_some_and(|m| {
+                        m.values()
+                            .all(|names| names.as_array().is_some_and(|n| n.iter().all(Value::is_string)))
+                    }) =>
+                {
+                    return Err(self.not_a_schema(
+                        pointer,
+                        "dependentRequired must map property names to arrays of property names",
+                    ));
+                }
+                "uniqueItems" if !value.is_boolean() => {
+                    return Err(self.not_a_schema(pointer, "uniqueItems must be a boolean"));
+                }
+                "minContains" | "maxContains" if value.as_u64().is_none() => {
+                    return Err(self.not_a_schema(pointer, format!("{key} must be a non-negative integer")));
                 }
                 _ => {}
             }
@@ -232,6 +292,11 @@ impl SchemaDoc {
     }
 }
 
+/// `pattern` compiled as JSON Schema reads it: an ECMA-262 regular expression, unanchored.
+pub(crate) fn ecma_regex(pattern: &str) -> Result<regress::Regex, regress::Error> {
+    regress::Regex::with_flags(pattern, "u")
+}
+
 fn kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
@@ -249,7 +314,7 @@ fn escape(segment: &str) -> String {
 }
 
 /// `$ref`s are URI fragments: undo percent-encoding (`%24defs` is `$defs`).
-fn percent_decode(s: &str) -> String {
+pub(crate) fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -8,13 +8,18 @@
 
 mod check;
 pub mod compat;
+mod dialect;
 mod document;
 mod keywords;
 mod problem;
 mod repo;
 
 pub use check::{check, check_with, CheckOptions};
-pub use compat::{compare, compare_transitive, Direction, Incompatibility, Mode, Report, Rule};
+pub use compat::{
+    compare, compare_transitive, compare_transitive_with, compare_with, Direction, Incompatibility, Judge,
+    Mode, Policy, Report, Rule, Semantics,
+};
+pub use dialect::Dialect;
 pub use document::{InputError, SchemaDoc};
 pub use problem::{CheckReport, Problem};
 pub(crate) use repo::sorted as sorted_value;
@@ -23,6 +28,8 @@ pub use repo::{
     FileStatus, GenerateError, DEFAULT_SCHEMA_BASE,
 };
 
+#[cfg(test)]
+mod dialect_tests;
 #[cfg(test)]
 mod serde_enum_tests;
 #[cfg(test)]

@@ -15,7 +15,8 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::{compare, document, Mode, SchemaDoc};
+use super::compat::{compare_each, Judge};
+use super::{document, Mode, SchemaDoc};
 use crate::registry::{json_schema_of, json_writer_schema_of, EventDescriptor};
 
 /// The committed document of `T`, both contracts, as `schema generate` writes it.
@@ -64,8 +65,10 @@ where
     };
     // The samples are the ground truth; the expectation only guards the samples.
     assert_eq!(serde_says, expected, "{name}: serde: backward {backward_serde:?}, forward {forward_serde:?}");
-    let backward = compare(&old_doc, &new_doc, Mode::Backward);
-    let forward = compare(&old_doc, &new_doc, Mode::Forward);
+    // What serde reads, even of a type with itself (which `compare` calls compatible:
+    // no change is to blame for a type that cannot read its own output).
+    let backward = compare_each(&old_doc, &new_doc, Mode::Backward, Judge::default());
+    let forward = compare_each(&old_doc, &new_doc, Mode::Forward, Judge::default());
     assert_eq!(
         backward.is_compatible(),
         backward_serde.is_empty(),

@@ -35,6 +35,22 @@ pub(super) fn json_type_of(value: &Value) -> &'static str {
 
 impl<'a> Checker<'a> {
     pub(super) fn accepts(&self, r: &Term<'a>, value: &Value, path: &str) -> Result<(), Rejection> {
+        // A `$ref` cycle with no property or item on it would not end.
+        let depth = self.accept_depth.get();
+        if depth > 128 {
+            return reject(
+                path,
+                Rule::CannotProve,
+                "cannot prove compatible: references here expand without end",
+            );
+        }
+        self.accept_depth.set(depth + 1);
+        let verdict = self.accepts_inner(r, value, path);
+        self.accept_depth.set(depth);
+        verdict
+    }
+
+    fn accepts_inner(&self, r: &Term<'a>, value: &Value, path: &str) -> Result<(), Rejection> {
         match r {
             Term::All(parts) => parts.iter().try_for_each(|p| self.accepts(p, value, path)),
             Term::Any(parts) => {

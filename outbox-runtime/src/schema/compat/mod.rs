@@ -24,8 +24,10 @@ use std::str::FromStr;
 use super::document::SchemaDoc;
 
 mod accept;
+mod instance;
 mod node;
 mod normalize;
+mod objects;
 mod parts;
 mod range;
 mod subsume;
@@ -190,15 +192,123 @@ impl Report {
     }
 }
 
-/// Compares `old` and `new` in `mode`.
+/// What "a reader can read what a writer writes" means.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Semantics {
+    /// The writer and reader contracts of serde types: a writer that declares
+    /// `properties` writes only those, a reader ignores properties it does not declare
+    /// unless it is closed. Right for schemas generated from Rust types; the default.
+    #[default]
+    Serde,
+    /// JSON Schema instance semantics: every value the writer's schema accepts, the
+    /// reader's schema accepts. An open writer (no `additionalProperties: false`) may
+    /// hold any other property with any value. What a schema registry judges.
+    JsonSchema,
+}
+
+impl fmt::Display for Semantics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Semantics::Serde => "serde",
+            Semantics::JsonSchema => "json-schema",
+        })
+    }
+}
+
+impl FromStr for Semantics {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "serde" => Ok(Semantics::Serde),
+            "json-schema" => Ok(Semantics::JsonSchema),
+            other => Err(format!("unknown semantics {other:?}: expected serde or json-schema")),
+        }
+    }
+}
+
+/// Which schema-registry policy a verdict predicts (see the README's "Schema registries").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Policy {
+    /// Confluent's default STRICT policy.
+    #[default]
+    Strict,
+    /// Confluent's LENIENT policy.
+    Lenient,
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Policy::Strict => "strict",
+            Policy::Lenient => "lenient",
+        })
+    }
+}
+
+impl FromStr for Policy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "strict" => Ok(Policy::Strict),
+            "lenient" => Ok(Policy::Lenient),
+            other => Err(format!("unknown policy {other:?}: expected strict or lenient")),
+        }
+    }
+}
+
+/// How [`compare_with`] judges: the semantics and the registry policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Judge {
+    /// What compatible means.
+    pub semantics: Semantics,
+    /// Which registry policy the verdict predicts.
+    pub policy: Policy,
+}
+
+impl Judge {
+    /// A judge of `semantics` under `policy`.
+    pub fn new(semantics: Semantics, policy: Policy) -> Self {
+        Judge { semantics, policy }
+    }
+}
+
+/// Compares `old` and `new` in `mode`, with serde semantics (see [`compare_with`]).
 pub fn compare(old: &SchemaDoc, new: &SchemaDoc, mode: Mode) -> Report {
+    compare_with(old, new, mode, Judge::default())
+}
+
+/// Compares `old` and `new` in `mode` as `judge` says.
+///
+/// Two documents that say the same (the same JSON once read in their dialect) are always
+/// compatible: a change that changes nothing breaks no reader. Under serde semantics a
+/// type can fail to read its own output (serde's `flatten` beside a map); comparing it
+/// with itself does not report that, since no version change is to blame.
+pub fn compare_with(old: &SchemaDoc, new: &SchemaDoc, mode: Mode, judge: Judge) -> Report {
+    if old.root() == new.root() {
+        return Report { mode, incompatibilities: Vec::new() };
+    }
+    compare_each(old, new, mode, judge)
+}
+
+/// [`compare_with`] without its shortcut for identical documents: for tests of what serde
+/// itself can read.
+pub(crate) fn compare_each(old: &SchemaDoc, new: &SchemaDoc, mode: Mode, judge: Judge) -> Report {
     let mut incompatibilities = Vec::new();
     for &direction in mode.directions() {
         let (writer, reader) = match direction {
             Direction::Backward => (old, new),
             Direction::Forward => (new, old),
         };
-        incompatibilities.extend(can_read(writer, reader).into_iter().map(|f| Incompatibility {
+        let found = match judge.semantics {
+            Semantics::Serde => can_read(writer, reader),
+            Semantics::JsonSchema => instance::includes(writer, reader),
+        };
+        incompatibilities.extend(found.into_iter().map(|f| Incompatibility {
             direction,
             path: f.path,
             rule: f.rule,
@@ -213,9 +323,14 @@ pub fn compare(old: &SchemaDoc, new: &SchemaDoc, mode: Mode) -> Report {
 /// Compares `new` against every schema in `older` (the `*_TRANSITIVE` modes); each
 /// incompatibility's path is prefixed with the name of the older schema it concerns.
 pub fn compare_transitive(older: &[SchemaDoc], new: &SchemaDoc, mode: Mode) -> Report {
+    compare_transitive_with(older, new, mode, Judge::default())
+}
+
+/// [`compare_transitive`] as `judge` says.
+pub fn compare_transitive_with(older: &[SchemaDoc], new: &SchemaDoc, mode: Mode, judge: Judge) -> Report {
     let mut incompatibilities = Vec::new();
     for old in older {
-        for mut inc in compare(old, new, mode).incompatibilities {
+        for mut inc in compare_with(old, new, mode, judge).incompatibilities {
             inc.path = format!("{} {}", old.name(), inc.path);
             incompatibilities.push(inc);
         }
@@ -241,7 +356,13 @@ fn finding(path: &str, rule: Rule, reason: impl Into<String>) -> Vec<Finding> {
 fn can_read(writer: &SchemaDoc, reader: &SchemaDoc) -> Vec<Finding> {
     let writer = normalize(writer.writer());
     let reader = normalize(reader);
-    let mut cx = Checker { w: &writer, r: &reader, stack: Vec::new() };
+    let mut cx = Checker {
+        w: &writer,
+        r: &reader,
+        stack: Vec::new(),
+        depth: 0,
+        accept_depth: std::cell::Cell::new(0),
+    };
     cx.sub(&Term::root(writer.root()), &Term::root(reader.root()), "$")
 }
 

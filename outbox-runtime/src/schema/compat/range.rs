@@ -117,6 +117,13 @@ pub(super) fn format_range(format: &str) -> Option<(Num, Num)> {
 
 impl Range {
     pub(super) fn of(node: &Node<'_>, t: &str) -> Range {
+        Range::of_value(node.value, t, true)
+    }
+
+    /// The range `schema` admits for type `t`; with `formats`, also from an integer
+    /// `format` (serde's reading: schemars writes `int32` for an `i32`), which JSON Schema
+    /// validators do not check.
+    pub(super) fn of_value(schema: &Value, t: &str, formats: bool) -> Range {
         let mut range = Range::default();
         let tighter_min = |cur: Option<End>, new: End| match cur {
             Some(c) if c.at_least(&new) => Some(c),
@@ -126,8 +133,8 @@ impl Range {
             Some(c) if c.at_most(&new) => Some(c),
             _ => Some(new),
         };
-        if t == "integer" {
-            if let Some(f) = node.get("format").and_then(Value::as_str) {
+        if t == "integer" && formats {
+            if let Some(f) = schema.get("format").and_then(Value::as_str) {
                 if let Some((lo, hi)) = format_range(f) {
                     range.min = Some(End { value: lo, exclusive: false });
                     range.max = Some(End { value: hi, exclusive: false });
@@ -135,16 +142,16 @@ impl Range {
                 }
             }
         }
-        if let Some(v) = node.get("minimum").and_then(Num::of) {
+        if let Some(v) = schema.get("minimum").and_then(Num::of) {
             range.min = tighter_min(range.min, End { value: v, exclusive: false });
         }
-        if let Some(v) = node.get("exclusiveMinimum").and_then(Num::of) {
+        if let Some(v) = schema.get("exclusiveMinimum").and_then(Num::of) {
             range.min = tighter_min(range.min, End { value: v, exclusive: true });
         }
-        if let Some(v) = node.get("maximum").and_then(Num::of) {
+        if let Some(v) = schema.get("maximum").and_then(Num::of) {
             range.max = tighter_max(range.max, End { value: v, exclusive: false });
         }
-        if let Some(v) = node.get("exclusiveMaximum").and_then(Num::of) {
+        if let Some(v) = schema.get("exclusiveMaximum").and_then(Num::of) {
             range.max = tighter_max(range.max, End { value: v, exclusive: true });
         }
         range

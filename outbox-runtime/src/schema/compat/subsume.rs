@@ -6,8 +6,7 @@ use serde_json::Value;
 
 use super::node::{expand, Expanded, Node, Term, UNDERSTOOD};
 use super::parts::{
-    bounds, child, describe_types, empty_map, finite_values, items_of, reader_extras, required_of, strings,
-    tag_of, true_schema, type_accepts, writer_extras, Extras,
+    bounds, describe_types, finite_values, items_of, strings, tag_of, true_schema, type_accepts,
 };
 use super::range::{Num, Range};
 use super::{finding, Finding, Rule, SchemaDoc};
@@ -18,11 +17,33 @@ pub(super) struct Checker<'a> {
     /// Node pairs being compared, to end recursion through `$ref` cycles (coinductively:
     /// a pair met again on its own path is assumed compatible).
     pub(super) stack: Vec<(*const Value, *const Value)>,
+    /// How deep `sub` is: a `$ref` cycle with no property or item on it (`D0` being
+    /// `{"$ref": "#/$defs/D0"}`) would otherwise recurse until the stack overflows.
+    pub(super) depth: usize,
+    /// The same for value acceptance (`accept`), which takes `&self`.
+    pub(super) accept_depth: std::cell::Cell<usize>,
 }
+
+/// How deep the checker goes before it answers `cannot-prove`.
+const MAX_DEPTH: usize = 256;
 
 impl<'a> Checker<'a> {
     /// Everything that stops `r` from reading what `w` writes, at instance path `path`.
     pub(super) fn sub(&mut self, w: &Term<'a>, r: &Term<'a>, path: &str) -> Vec<Finding> {
+        if self.depth >= MAX_DEPTH {
+            return finding(
+                path,
+                Rule::CannotProve,
+                "cannot prove compatible: references here expand without end",
+            );
+        }
+        self.depth += 1;
+        let found = self.sub_inner(w, r, path);
+        self.depth -= 1;
+        found
+    }
+
+    fn sub_inner(&mut self, w: &Term<'a>, r: &Term<'a>, path: &str) -> Vec<Finding> {
         // 1. A writer union: every alternative must be readable (exact).
         if let Term::Any(ws) = w {
             return ws.iter().flat_map(|wi| self.sub(wi, r, path)).collect();
@@ -167,21 +188,29 @@ impl<'a> Checker<'a> {
 
     /// The JSON types a reader term allows at its top, `None` for any.
     pub(super) fn term_types(&self, t: &Term<'a>) -> Option<Vec<&'a str>> {
+        self.term_types_at(t, 0)
+    }
+
+    /// [`Self::term_types`], `depth` expansions in: a `$ref` cycle reads as any type.
+    fn term_types_at(&self, t: &Term<'a>, depth: usize) -> Option<Vec<&'a str>> {
+        if depth > 64 {
+            return None;
+        }
         match t {
             Term::Node(n) => match expand(*n, self.r) {
                 Expanded::Leaf(l) => l.types(),
-                Expanded::Term(t) => self.term_types(&t),
+                Expanded::Term(t) => self.term_types_at(&t, depth + 1),
                 Expanded::Anything => None,
                 Expanded::Nothing => Some(Vec::new()),
             },
             Term::Any(ts) => {
                 let mut all = Vec::new();
                 for t in ts {
-                    all.extend(self.term_types(t)?);
+                    all.extend(self.term_types_at(t, depth + 1)?);
                 }
                 Some(all)
             }
-            Term::All(ts) => ts.iter().find_map(|t| self.term_types(t)),
+            Term::All(ts) => ts.iter().find_map(|t| self.term_types_at(t, depth + 1)),
         }
     }
 
@@ -214,27 +243,41 @@ impl<'a> Checker<'a> {
 
     /// The leaf a reader term stands for, looking through `$ref` and single-part terms.
     pub(super) fn reader_leaf(&self, t: &Term<'a>) -> Option<Node<'a>> {
+        self.reader_leaf_at(t, 0)
+    }
+
+    fn reader_leaf_at(&self, t: &Term<'a>, depth: usize) -> Option<Node<'a>> {
+        if depth > 64 {
+            return None;
+        }
         match t {
             Term::Node(n) => match expand(*n, self.r) {
                 Expanded::Leaf(l) => Some(l),
-                Expanded::Term(t) => self.reader_leaf(&t),
+                Expanded::Term(t) => self.reader_leaf_at(&t, depth + 1),
                 _ => None,
             },
-            Term::All(ts) => ts.iter().find_map(|t| self.reader_leaf(t)),
+            Term::All(ts) => ts.iter().find_map(|t| self.reader_leaf_at(t, depth + 1)),
             Term::Any(_) => None,
         }
     }
 
     /// Whether the writer leaf and a reader variant share a discriminating `const` property.
     pub(super) fn tags_match(&self, w: &Node<'a>, r: &Term<'a>) -> bool {
+        self.tags_match_at(w, r, 0)
+    }
+
+    fn tags_match_at(&self, w: &Node<'a>, r: &Term<'a>, depth: usize) -> bool {
+        if depth > 64 {
+            return false;
+        }
         let Some(wprops) = w.get("properties").and_then(Value::as_object) else { return false };
         let rnode = match r {
             Term::Node(n) => match expand(*n, self.r) {
                 Expanded::Leaf(l) => l,
-                Expanded::Term(t) => return self.tags_match(w, &t),
+                Expanded::Term(t) => return self.tags_match_at(w, &t, depth + 1),
                 _ => return false,
             },
-            Term::All(ts) => return ts.iter().any(|t| self.tags_match(w, t)),
+            Term::All(ts) => return ts.iter().any(|t| self.tags_match_at(w, t, depth + 1)),
             Term::Any(_) => return false,
         };
         let Some(rprops) = rnode.get("properties").and_then(Value::as_object) else { return false };
@@ -406,92 +449,6 @@ impl<'a> Checker<'a> {
                 path,
                 Rule::ConstraintTightened,
                 "the reader requires unique items (a set); the writer may repeat items",
-            ));
-        }
-        found
-    }
-
-    pub(super) fn objects(&mut self, w: &Node<'a>, r: &Node<'a>, path: &str) -> Vec<Finding> {
-        let mut found = Vec::new();
-        let empty = empty_map();
-        let w_props = w.get("properties").and_then(Value::as_object).unwrap_or(empty);
-        let r_props = r.get("properties").and_then(Value::as_object).unwrap_or(empty);
-        let w_req = required_of(w);
-        let r_req = required_of(r);
-        let w_extra = writer_extras(w);
-        let r_extra = reader_extras(r);
-
-        for (name, ws) in w_props {
-            let p = child(path, name);
-            match (r_props.get(name), &r_extra) {
-                (Some(rs), _) => found.extend(self.sub(&Term::root(ws), &Term::root(rs), &p)),
-                (None, Extras::Schema(rs)) => {
-                    for rs in rs.clone() {
-                        found.extend(self.sub(&Term::root(ws), &Term::root(rs), &p));
-                    }
-                }
-                (None, Extras::Closed) => found.extend(finding(
-                    &p,
-                    Rule::ClosedReader,
-                    format!("the writer writes property `{name}`; the reader is closed (additionalProperties: false) and does not declare it"),
-                )),
-                (None, Extras::Open) => {}
-            }
-        }
-        for name in &r_req {
-            if w_req.contains(name) {
-                continue;
-            }
-            let p = child(path, name);
-            let reason = if w_props.contains_key(*name) {
-                format!(
-                    "the reader requires property `{name}`; the writer may omit it (it is optional there)"
-                )
-            } else {
-                format!("the reader requires property `{name}`; the writer does not write it")
-            };
-            found.extend(finding(&p, Rule::RequiredAdded, reason));
-        }
-        match &w_extra {
-            Extras::Closed => {}
-            Extras::Open | Extras::Schema(_) => {
-                // The writer may write keys it does not declare (a map): they may collide
-                // with properties the reader declares, and the reader must accept the rest.
-                let w_terms: Vec<&'a Value> = match &w_extra {
-                    Extras::Schema(s) => s.clone(),
-                    _ => vec![true_schema()],
-                };
-                for (name, rs) in r_props {
-                    if w_props.contains_key(name) {
-                        continue;
-                    }
-                    for ws in &w_terms {
-                        found.extend(self.sub(&Term::root(ws), &Term::root(rs), &child(path, name)));
-                    }
-                }
-                match &r_extra {
-                    Extras::Open => {}
-                    Extras::Closed => found.extend(finding(
-                        &format!("{path}.*"),
-                        Rule::ClosedReader,
-                        "the writer may write keys it does not declare (a map); the reader is closed (additionalProperties: false)",
-                    )),
-                    Extras::Schema(rs) => {
-                        for ws in &w_terms {
-                            for r in rs {
-                                found.extend(self.sub(&Term::root(ws), &Term::root(r), &format!("{path}.*")));
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        found.extend(bounds(w, r, "minProperties", "maxProperties", "properties", path));
-        if r.get("patternProperties").is_some() && r.get("patternProperties") != w.get("patternProperties") {
-            found.extend(finding(
-                path,
-                Rule::CannotProve,
-                "cannot prove compatible: the reader uses `patternProperties`",
             ));
         }
         found
