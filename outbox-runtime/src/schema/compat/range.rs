@@ -157,6 +157,21 @@ impl Range {
         range
     }
 
+    /// Whether every number this range admits, `outer` admits.
+    pub(super) fn within(&self, outer: &Range) -> bool {
+        let low = match (&outer.min, &self.min) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(o), Some(s)) => s.at_least(o),
+        };
+        let high = match (&outer.max, &self.max) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(o), Some(s)) => s.at_most(o),
+        };
+        low && high
+    }
+
     pub(super) fn describe(&self, t: &str) -> String {
         let kind = if t == "integer" { "integers" } else { "numbers" };
         let end = |e: &Option<End>, unbounded: &str| match e {

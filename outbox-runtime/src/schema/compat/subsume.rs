@@ -393,17 +393,7 @@ impl<'a> Checker<'a> {
         let mut found = Vec::new();
         let wr = Range::of(w, t);
         let rr = Range::of(r, t);
-        let low_ok = match (&rr.min, &wr.min) {
-            (None, _) => true,
-            (Some(_), None) => false,
-            (Some(rmin), Some(wmin)) => wmin.at_least(rmin),
-        };
-        let high_ok = match (&rr.max, &wr.max) {
-            (None, _) => true,
-            (Some(_), None) => false,
-            (Some(rmax), Some(wmax)) => wmax.at_most(rmax),
-        };
-        if !low_ok || !high_ok {
+        if !wr.within(&rr) {
             found.extend(finding(
                 path,
                 Rule::RangeNarrowed,

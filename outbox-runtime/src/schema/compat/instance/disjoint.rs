@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use super::shapes::{items_at, property};
+use super::shapes::{items_at, property, range_of};
 use super::values::{accepts, finite, forms, Tri, Work};
 use super::{step, Side, Step, Ty, ALL_TYPES};
 use crate::schema::compat::range::Range;
@@ -94,24 +94,6 @@ pub(crate) fn disjoint(a: &Side<'_>, b: &Side<'_>, ty: Option<Ty>, work: &mut Wo
         }
     }
     Tri::Yes
-}
-
-fn range_of(side: &Side<'_>, t: Ty) -> Range {
-    let mut out = Range::default();
-    for p in &side.parts {
-        let r = Range::of_value(p.value, if t == Ty::Int { "integer" } else { "number" }, false);
-        if let Some(m) = r.min {
-            if out.min.is_none_or(|c| !c.at_least(&m)) {
-                out.min = Some(m);
-            }
-        }
-        if let Some(m) = r.max {
-            if out.max.is_none_or(|c| !c.at_most(&m)) {
-                out.max = Some(m);
-            }
-        }
-    }
-    out
 }
 
 fn ranges_apart(a: &Side<'_>, b: &Side<'_>, t: Ty) -> bool {

@@ -109,8 +109,8 @@ pub(super) fn bounds(
     found
 }
 
-/// The writer's range over all its parts, with integer ends made inclusive.
-fn writer_range(w: &Side<'_>, t: super::Ty) -> Range {
+/// A side's range over all its parts, with integer ends made inclusive.
+pub(super) fn range_of(w: &Side<'_>, t: super::Ty) -> Range {
     let kind = if t == super::Ty::Int { "integer" } else { "number" };
     let mut out = Range::default();
     for p in &w.parts {
@@ -161,19 +161,9 @@ fn integer_end(e: End, low: bool) -> End {
 pub(crate) fn numbers(w: &Side<'_>, r: Part<'_>, t: super::Ty, path: &str) -> Vec<Finding> {
     let mut found = Vec::new();
     let kind = if t == super::Ty::Int { "integer" } else { "number" };
-    let wr = writer_range(w, t);
+    let wr = range_of(w, t);
     let rr = Range::of_value(r.value, kind, false);
-    let low_ok = match (&rr.min, &wr.min) {
-        (None, _) => true,
-        (Some(_), None) => false,
-        (Some(rmin), Some(wmin)) => wmin.at_least(rmin),
-    };
-    let high_ok = match (&rr.max, &wr.max) {
-        (None, _) => true,
-        (Some(_), None) => false,
-        (Some(rmax), Some(wmax)) => wmax.at_most(rmax),
-    };
-    if !low_ok || !high_ok {
+    if !wr.within(&rr) {
         found.extend(finding(
             path,
             Rule::RangeNarrowed,

@@ -247,3 +247,32 @@ fn the_same_schema_with_other_annotations_reads_itself() {
         json!({ "oneOf": [ { "type": "number", "minimum": 3, "maximum": 2 }, { "type": "string" } ] }),
     );
 }
+
+/// The counterexamples the soundness fuzz found (`outbox_tests::compat_fuzz`), each a
+/// compatible verdict the `jsonschema` crate refuted before its fix.
+#[test]
+fn counterexamples_the_fuzz_found_stay_refused() {
+    // A `false` inside the reader's allOf accepts nothing.
+    no(json!({ "not": { "type": "integer" } }), json!({ "allOf": [false] }));
+    // Draft-07 validators may check contentMediaType: "" is not JSON.
+    no(
+        json!({ "$schema": "http://json-schema.org/draft-07/schema#", "type": "string" }),
+        json!({ "$schema": "http://json-schema.org/draft-07/schema#", "type": "string", "contentMediaType": "application/json" }),
+    );
+    // 1 and 1.0 are one value: a draft-04 integer writer's 1 matches the reader's `not: 1.0`.
+    no(
+        json!({ "$schema": "http://json-schema.org/draft-04/schema#", "type": "integer" }),
+        json!({ "$schema": "http://json-schema.org/draft-06/schema#", "not": { "enum": [1.0] } }),
+    );
+    // An enum [1, 0] also writes 1.0, which draft-04's integer refuses.
+    no(
+        json!({ "$schema": "http://json-schema.org/draft-04/schema#", "enum": [1, 0] }),
+        json!({ "$schema": "http://json-schema.org/draft-04/schema#", "enum": [1, 0], "type": "integer" }),
+    );
+    // `dependencies` in a 2020-12 reader: ignored by the specification, applied by some validators.
+    let f = includes(
+        &doc(json!({ "const": { "a": 2.5, "b": 2 } })),
+        &doc(json!({ "type": "object", "dependencies": { "a": { "enum": [2.5] } } })),
+    );
+    assert!(f.iter().any(|f| f.rule == Rule::CannotProve), "{f:?}");
+}
