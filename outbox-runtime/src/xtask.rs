@@ -24,6 +24,10 @@
 //! of the workspace, `cargo xtask schema check` is the CI step, and
 //! `cargo xtask typegen --out consumer/src/events.rs` writes consumer types.
 //!
+//! `schema generate | check | compat` judge with serde semantics unless `--semantics
+//! json-schema` (with `--policy strict|lenient`) or [`Xtask::semantics`] says otherwise:
+//! see [`Semantics`] and the README's "Schema registries".
+//!
 //! Exit codes: 0 when all is well; 1 when the schemas and the code disagree (an
 //! incompatible change, a missing or stale file) or, for `compat`, when the schemas are
 //! incompatible; 2 on bad input: a file that is not a schema, or no registered events at
@@ -40,8 +44,10 @@ pub use clap;
 use clap::{Args, Parser, Subcommand};
 
 use crate::registry::{self, EventDescriptor};
-use crate::schema::{self, CheckOptions, FileStatus, GenerateError, Mode, SchemaDoc};
+use crate::schema::{self, CheckOptions, Judge, Mode, Policy, Semantics};
 use crate::typegen::{write_or_check, Status};
+
+mod commands;
 
 /// The contract commands: `schema ...` and `typegen`.
 #[derive(Debug, Subcommand)]
@@ -89,6 +95,9 @@ pub enum SchemaCommand {
         /// Overwrite committed files even with a schema that is not FULL compatible.
         #[arg(long)]
         force: bool,
+        /// How a committed file's change is judged.
+        #[command(flatten)]
+        judge: JudgeArgs,
     },
     /// Fails (exit 1) when the committed schemas do not match the code; exit 2 on a bad
     /// file, or when no events (or not the expected ones) are registered.
@@ -103,6 +112,9 @@ pub enum SchemaCommand {
         /// Exit 2 unless this event type is registered (repeat it to pin several).
         #[arg(long = "expect-type", value_name = "EVENT_TYPE")]
         expect_types: Vec<String>,
+        /// How a committed file's change is judged.
+        #[command(flatten)]
+        judge: JudgeArgs,
     },
     /// Exit 0 when NEW is compatible with OLD in MODE, 1 when not, 2 on bad input.
     Compat {
@@ -113,7 +125,28 @@ pub enum SchemaCommand {
         /// backward: new reads old; forward: old reads new; full: both.
         #[arg(long, default_value = "full", value_parser = parse_mode)]
         mode: Mode,
+        /// How the two schemas are judged.
+        #[command(flatten)]
+        judge: JudgeArgs,
     },
+}
+
+/// `--semantics serde|json-schema --policy strict|lenient`: what compatible means (see
+/// [`Semantics`] and [`Policy`]). Unset, they are the project's ([`Xtask::semantics`],
+/// [`Xtask::policy`]), else serde semantics.
+#[derive(Debug, Clone, Default, Args)]
+#[non_exhaustive]
+pub struct JudgeArgs {
+    /// serde: what the Rust types write and read (the default, for generated schemas);
+    /// json-schema: every value the old schema accepts, the new one accepts (what a schema
+    /// registry judges; for schemas written by hand or by other tools).
+    #[arg(long, value_name = "serde|json-schema", value_parser = parse_semantics)]
+    pub semantics: Option<Semantics>,
+    /// With json-schema semantics, the schema registry policy the verdict predicts: strict
+    /// (Confluent's default STRICT) or lenient (its LENIENT: open content models are read
+    /// as if they held only the properties they declare).
+    #[arg(long, value_name = "strict|lenient", value_parser = parse_policy)]
+    pub policy: Option<Policy>,
 }
 
 /// `typegen [--schemas DIR] [--out FILE] [--check]`.
@@ -142,6 +175,14 @@ fn parse_mode(s: &str) -> Result<Mode, String> {
     s.parse::<Mode>().map_err(|e| e.to_string())
 }
 
+fn parse_semantics(s: &str) -> Result<Semantics, String> {
+    s.parse()
+}
+
+fn parse_policy(s: &str) -> Result<Policy, String> {
+    s.parse()
+}
+
 /// Runs the contract commands on the process's arguments, with the defaults of
 /// [`Xtask::new`].
 pub fn main() -> ExitCode {
@@ -155,6 +196,8 @@ pub struct Xtask {
     typegen_out: Option<PathBuf>,
     schema_base: Option<String>,
     asyncapi_title: Option<String>,
+    semantics: Option<Semantics>,
+    policy: Option<Policy>,
 }
 
 /// `info.title` of the AsyncAPI document unless [`Xtask::asyncapi_title`] or `--title`
@@ -201,6 +244,38 @@ impl Xtask {
         self
     }
 
+    /// What compatible means for `schema generate | check | compat` unless `--semantics`
+    /// says otherwise (default: [`Semantics::Serde`]). A project whose schemas are also
+    /// registered in a schema registry sets [`Semantics::JsonSchema`], so that a change
+    /// the registry would refuse fails `schema check` first.
+    pub fn semantics(mut self, semantics: Semantics) -> Self {
+        self.semantics = Some(semantics);
+        self
+    }
+
+    /// The registry policy JSON Schema semantics predict unless `--policy` says otherwise
+    /// (default: [`Policy::Strict`], the registry's own default). Serde semantics have no
+    /// policy; it is ignored with them.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+
+    /// The judge of a command: its flags, else the project's defaults. `--policy` with serde
+    /// semantics is refused: it would be silently ignored.
+    fn judge(&self, args: &JudgeArgs) -> Result<Judge, String> {
+        let semantics = args.semantics.or(self.semantics).unwrap_or_default();
+        if semantics == Semantics::Serde {
+            if let Some(policy) = args.policy {
+                return Err(format!(
+                    "--policy {policy} predicts a schema registry's verdict, which judges JSON Schema \
+                     instance semantics: add --semantics json-schema (serde semantics have no policy)"
+                ));
+            }
+        }
+        Ok(Judge::new(semantics, args.policy.or(self.policy).unwrap_or_default()))
+    }
+
     fn base(&self) -> &str {
         self.schema_base.as_deref().unwrap_or(schema::DEFAULT_SCHEMA_BASE)
     }
@@ -219,18 +294,34 @@ impl Xtask {
 
     /// Runs one command on the given events instead of the registered ones.
     pub fn run_on(&self, command: Command, events: &[&EventDescriptor]) -> ExitCode {
+        let judged = |args: &JudgeArgs| {
+            self.judge(args).map_err(|e| {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            })
+        };
         match command {
-            Command::Schema(SchemaCommand::Generate { dir, force }) => {
-                generate(&self.schemas(dir), events, force, self.base())
+            Command::Schema(SchemaCommand::Generate { dir, force, judge }) => match judged(&judge) {
+                Ok(judge) => commands::generate(&self.schemas(dir), events, force, self.base(), judge),
+                Err(code) => code,
+            },
+            Command::Schema(SchemaCommand::Check { dir, expect_events, expect_types, judge }) => {
+                match judged(&judge) {
+                    Ok(judge) => {
+                        let options = CheckOptions::new()
+                            .expect_events(expect_events)
+                            .expect_types(expect_types)
+                            .schema_base(self.base())
+                            .judge(judge);
+                        commands::check(&self.schemas(dir), events, &options)
+                    }
+                    Err(code) => code,
+                }
             }
-            Command::Schema(SchemaCommand::Check { dir, expect_events, expect_types }) => {
-                let options = CheckOptions::new()
-                    .expect_events(expect_events)
-                    .expect_types(expect_types)
-                    .schema_base(self.base());
-                check(&self.schemas(dir), events, &options)
-            }
-            Command::Schema(SchemaCommand::Compat { old, new, mode }) => compat(&old, &new, mode),
+            Command::Schema(SchemaCommand::Compat { old, new, mode, judge }) => match judged(&judge) {
+                Ok(judge) => commands::compat(&old, &new, mode, judge),
+                Err(code) => code,
+            },
             Command::Typegen(args) => self.typegen(args),
             Command::Asyncapi(args) => self.asyncapi(args, events),
         }
@@ -346,81 +437,6 @@ fn workspace_root(start: &Path) -> Option<PathBuf> {
     })
 }
 
-fn generate(dir: &Path, events: &[&EventDescriptor], force: bool, base: &str) -> ExitCode {
-    match schema::generate_with(dir, events, force, base) {
-        Ok(done) => {
-            let (mut created, mut updated, mut unchanged) = (0, 0, 0);
-            for status in &done {
-                match status {
-                    FileStatus::Created(path) => {
-                        created += 1;
-                        println!("created   {}", path.display());
-                    }
-                    FileStatus::Updated(path) => {
-                        updated += 1;
-                        println!("updated   {}", path.display());
-                    }
-                    FileStatus::Unchanged(_) => unchanged += 1,
-                }
-            }
-            println!(
-                "{} event schema(s): {created} created, {updated} updated, {unchanged} unchanged",
-                done.len()
-            );
-            ExitCode::SUCCESS
-        }
-        Err(GenerateError::Refused(report)) => {
-            eprintln!("{report}");
-            eprintln!("nothing was written (use --force to overwrite anyway)");
-            ExitCode::from(1)
-        }
-        Err(err) => {
-            eprintln!("error: {err}");
-            ExitCode::from(2)
-        }
-    }
-}
-
-fn check(dir: &Path, events: &[&EventDescriptor], options: &CheckOptions) -> ExitCode {
-    let report = schema::check_with(dir, events, options);
-    if report.is_ok() {
-        println!("{report}");
-        return ExitCode::SUCCESS;
-    }
-    eprintln!("{report}");
-    if report.is_bad_input() {
-        ExitCode::from(2)
-    } else {
-        ExitCode::from(1)
-    }
-}
-
-fn compat(old: &Path, new: &Path, mode: Mode) -> ExitCode {
-    let docs = SchemaDoc::from_file(old).and_then(|o| SchemaDoc::from_file(new).map(|n| (o, n)));
-    let (old_doc, new_doc) = match docs {
-        Ok(docs) => docs,
-        Err(err) => {
-            eprintln!("error: {err}");
-            return ExitCode::from(2);
-        }
-    };
-    let report = schema::compare(&old_doc, &new_doc, mode);
-    if report.is_compatible() {
-        println!("compatible ({mode}): {} -> {}", old.display(), new.display());
-        return ExitCode::SUCCESS;
-    }
-    println!(
-        "incompatible ({mode}): {} -> {}: {} problem(s)",
-        old.display(),
-        new.display(),
-        report.incompatibilities.len()
-    );
-    for inc in &report.incompatibilities {
-        println!("  {inc}");
-    }
-    ExitCode::from(1)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,5 +455,25 @@ mod tests {
         assert_eq!(workspace_root(&member), Some(dir.path().to_owned()));
         std::fs::write(member.join("Cargo.toml"), "  [workspace] # the root\n").expect("write");
         assert_eq!(workspace_root(&member.join("src")), Some(member.clone()));
+    }
+
+    #[test]
+    fn flags_override_the_project_defaults_and_a_policy_needs_json_schema_semantics() {
+        let args = |semantics, policy| JudgeArgs { semantics, policy };
+        let plain = Xtask::new();
+        assert_eq!(plain.judge(&args(None, None)), Ok(Judge::default()));
+        assert!(plain.judge(&args(None, Some(Policy::Lenient))).is_err());
+        let registry = Xtask::new().semantics(Semantics::JsonSchema).policy(Policy::Lenient);
+        assert_eq!(registry.judge(&args(None, None)), Ok(Judge::new(Semantics::JsonSchema, Policy::Lenient)));
+        assert_eq!(
+            registry.judge(&args(None, Some(Policy::Strict))),
+            Ok(Judge::new(Semantics::JsonSchema, Policy::Strict))
+        );
+        // A project policy with serde semantics for one command is not an error: it is
+        // the flag that would be silently ignored.
+        assert_eq!(
+            registry.judge(&args(Some(Semantics::Serde), None)).map(|j| j.semantics),
+            Ok(Semantics::Serde)
+        );
     }
 }

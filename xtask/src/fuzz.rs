@@ -1,5 +1,9 @@
 //! `cargo xtask fuzz inbox --records N --seed S`: the inbox against a seeded generator of
-//! records nobody planned for (`outbox_tests::fuzz`), long. It runs the bounded test
+//! records nobody planned for (`outbox_tests::fuzz`), long. `cargo xtask fuzz compat
+//! --pairs N --seed S`: the compatibility checker against the `jsonschema` crate
+//! (`outbox_tests::compat_fuzz`), long.
+//!
+//! `fuzz inbox` It runs the bounded test
 //! (`tests/tests/inbox_fuzz.rs`) with more records, so that the long run and the bounded
 //! one are one run with one set of checks, and prints the test's JSON verdict. Exits 0
 //! when every guarantee held, 1 when one broke (the seed repeats the run), 2 on bad
@@ -15,6 +19,19 @@ use outbox_tests::SEED_VAR;
 pub(crate) enum FuzzCommand {
     /// Records from nowhere consumed by the inbox: every one must get exactly one outcome.
     Inbox(InboxArgs),
+    /// Schema pairs of every dialect judged compatible must have no value the old schema
+    /// accepts and the new one refuses (the `jsonschema` crate decides).
+    Compat(CompatArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct CompatArgs {
+    /// Schema pairs to generate.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pairs: u64,
+    /// Seed of the generator (default: from the clock; printed in the verdict).
+    #[arg(long)]
+    seed: Option<u64>,
 }
 
 #[derive(Args)]
@@ -32,7 +49,43 @@ pub(crate) struct InboxArgs {
 }
 
 pub(crate) fn run(command: FuzzCommand) -> ExitCode {
-    let FuzzCommand::Inbox(args) = command;
+    match command {
+        FuzzCommand::Inbox(args) => inbox(args),
+        FuzzCommand::Compat(args) => compat(args),
+    }
+}
+
+/// In this process: the checker is a pure function, no service to start. The verdict is
+/// the bounded test's (`tests/tests/compat_soundness.rs`), as JSON on stdout.
+fn compat(args: CompatArgs) -> ExitCode {
+    let seed = args.seed.unwrap_or_else(outbox_tests::Rng::clock_seed);
+    eprintln!("fuzz compat: {} pairs, seed {seed}", args.pairs);
+    let verdict = outbox_tests::compat_fuzz::run(args.pairs, seed);
+    match serde_json::to_string(&verdict) {
+        Ok(json) => println!("{json}"),
+        Err(e) => {
+            eprintln!("fuzz compat: the verdict is not JSON: {e}");
+            return ExitCode::from(1);
+        }
+    }
+    eprintln!(
+        "fuzz compat: {} directions judged, {} compatible ({} identical), {} values checked, {} counterexample(s), {} identity failure(s)",
+        verdict.judged,
+        verdict.compatible,
+        verdict.compatible_identical,
+        verdict.instances,
+        verdict.counterexamples.len(),
+        verdict.identity_failures.len()
+    );
+    if verdict.ok() {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("fuzz compat: the checker is wrong; repeat with --seed {seed} (or OUTBOX_TEST_SEED={seed} cargo test -p outbox-tests --test compat_soundness with OUTBOX_COMPAT_PAIRS={})", args.pairs);
+        ExitCode::from(1)
+    }
+}
+
+fn inbox(args: InboxArgs) -> ExitCode {
     let partitions = args.partitions.unwrap_or_else(|| args.records.div_ceil(2500).clamp(4, 64));
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let mut test = Command::new(cargo);

@@ -103,3 +103,81 @@ fn compat_exits_2_on_bad_input_naming_the_file() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("unknown compatibility mode \"sideways\""), "{}", text(&out));
 }
+
+#[test]
+fn compat_judges_by_the_semantics_and_policy_asked_for() {
+    let dir = tempfile::tempdir().expect("tmp");
+    // An optional property added to an open content model: serde's writer never writes
+    // it; a JSON Schema instance may hold it with any value (Confluent STRICT refuses,
+    // LENIENT accepts).
+    let old =
+        write(dir.path(), "old.json", r#"{ "type": "object", "properties": { "a": { "type": "string" } } }"#);
+    let new = write(
+        dir.path(),
+        "new.json",
+        r#"{ "type": "object", "properties": { "a": { "type": "string" }, "b": { "type": "integer" } } }"#,
+    );
+    let run = |extra: &[&str]| {
+        let mut args = vec!["schema", "compat", old.as_str(), new.as_str(), "--mode", "backward"];
+        args.extend_from_slice(extra);
+        xtask(&args)
+    };
+    let serde = run(&[]);
+    assert_eq!(serde.status.code(), Some(0), "{}", text(&serde));
+    assert_eq!(text(&serde), format!("compatible (backward): {old} -> {new}\n"));
+
+    let strict = run(&["--semantics", "json-schema"]);
+    assert_eq!(strict.status.code(), Some(1), "{}", text(&strict));
+    assert!(text(&strict).contains("[json-schema semantics, strict policy]"), "{}", text(&strict));
+    assert!(text(&strict).contains("$.b:"), "{}", text(&strict));
+
+    let lenient = run(&["--semantics", "json-schema", "--policy", "lenient"]);
+    assert_eq!(lenient.status.code(), Some(0), "{}", text(&lenient));
+    assert!(text(&lenient).contains("[json-schema semantics, lenient policy]"), "{}", text(&lenient));
+
+    // Bad settings are exit 2 naming them.
+    let out = run(&["--semantics", "avro"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("unknown semantics \"avro\""), "{}", text(&out));
+    let out = run(&["--semantics", "json-schema", "--policy", "loose"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("unknown policy \"loose\""), "{}", text(&out));
+    let out = run(&["--policy", "lenient"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("--policy lenient predicts a schema registry's verdict"), "{}", text(&out));
+}
+
+#[test]
+fn check_with_json_schema_semantics_refuses_what_a_registry_would() {
+    // A committed file whose model is closed; the code's schema is open (schemars' default):
+    // serde semantics pass it (the writer writes only its fields), JSON Schema semantics
+    // refuse FORWARD (an old reader that is closed cannot read an open writer's values).
+    let dir = tempfile::tempdir().expect("tmp");
+    copy_dir(&committed(), dir.path());
+    let v1 = dir.path().join("order.placed/v1.json");
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&v1).expect("read")).expect("json");
+    doc["additionalProperties"] = serde_json::json!(false);
+    fs::write(&v1, serde_json::to_string_pretty(&doc).expect("json")).expect("write");
+    let dir_arg = dir.path().display().to_string();
+
+    let serde = xtask(&["schema", "check", "--dir", &dir_arg]);
+    assert_eq!(serde.status.code(), Some(1), "stale, compatible: {}", text(&serde));
+    assert!(
+        text(&serde)
+            .contains("differs from the schema of outbox_examples::events::OrderPlaced, compatibly (FULL)"),
+        "{}",
+        text(&serde)
+    );
+    assert!(!text(&serde).contains("incompatibly"), "{}", text(&serde));
+
+    let registry = xtask(&["schema", "check", "--dir", &dir_arg, "--semantics", "json-schema"]);
+    assert_eq!(registry.status.code(), Some(1), "{}", text(&registry));
+    assert!(
+        text(&registry)
+            .contains("order.placed v1 (outbox_examples::events::OrderPlaced) changed incompatibly"),
+        "{}",
+        text(&registry)
+    );
+    assert!(text(&registry).contains("[closed-reader"), "{}", text(&registry));
+}

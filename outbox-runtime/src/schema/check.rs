@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use super::compat::Judge;
 use super::document::InputError;
 use super::problem::{duplicates, judge_difference, CheckReport, Problem};
 use super::repo::{render_with, schema_path, DEFAULT_SCHEMA_BASE};
@@ -17,6 +18,7 @@ pub struct CheckOptions {
     expect_events: Option<usize>,
     expect_types: Vec<String>,
     schema_base: Option<String>,
+    judge: Judge,
 }
 
 impl CheckOptions {
@@ -36,6 +38,15 @@ impl CheckOptions {
     #[must_use]
     pub fn schema_base(mut self, base: impl Into<String>) -> Self {
         self.schema_base = Some(base.into());
+        self
+    }
+
+    /// How a committed file and the code's schema of the same version are compared
+    /// (default: serde semantics). With [`Semantics::JsonSchema`](super::Semantics) and a
+    /// [`Policy`](super::Policy), a change a schema registry would refuse is refused here.
+    #[must_use]
+    pub fn judge(mut self, judge: Judge) -> Self {
+        self.judge = judge;
         self
     }
 
@@ -129,7 +140,7 @@ pub fn check_with(dir: &Path, events: &[&EventDescriptor], options: &CheckOption
                 let generated =
                     render_with(event, options.schema_base.as_deref().unwrap_or(DEFAULT_SCHEMA_BASE));
                 if text != generated {
-                    report.problems.extend(judge_difference(event, &path, &text, &generated));
+                    report.problems.extend(judge_difference(event, &path, &text, &generated, options.judge));
                 }
             }
         }

@@ -22,6 +22,8 @@ pub use compat::{
 pub use dialect::Dialect;
 pub use document::{InputError, SchemaDoc};
 pub use problem::{CheckReport, Problem};
+#[cfg(feature = "xtask")]
+pub(crate) use repo::generate_judged;
 pub(crate) use repo::sorted as sorted_value;
 pub use repo::{
     document, document_with, generate, generate_with, render, render_with, schema_path, schema_uri,

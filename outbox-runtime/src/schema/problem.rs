@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use super::compat::{compare, Incompatibility, Mode};
+use super::compat::{compare_with, Incompatibility, Judge, Mode};
 use super::document::{InputError, SchemaDoc};
 use crate::registry::EventDescriptor;
 
@@ -217,6 +217,7 @@ pub(super) fn judge_difference(
     path: &Path,
     committed: &str,
     generated: &str,
+    judge: Judge,
 ) -> Option<Problem> {
     let name = path.display().to_string();
     let old = match SchemaDoc::from_str(&name, committed) {
@@ -227,7 +228,7 @@ pub(super) fn judge_difference(
         Ok(doc) => doc,
         Err(err) => return Some(Problem::BadFile(err)),
     };
-    let report = compare(&old, &new, Mode::Full);
+    let report = compare_with(&old, &new, Mode::Full, judge);
     Some(if report.is_compatible() {
         Problem::Stale { rust_type: event.rust_type.to_owned(), path: path.to_owned() }
     } else {

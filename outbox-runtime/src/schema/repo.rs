@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 
+use super::compat::Judge;
 use super::problem::{duplicates, judge_difference, CheckReport, Problem};
 use crate::registry::EventDescriptor;
 
@@ -151,6 +152,18 @@ pub fn generate_with(
     force: bool,
     base: &str,
 ) -> Result<Vec<FileStatus>, GenerateError> {
+    generate_judged(dir, events, force, base, Judge::default())
+}
+
+/// [`generate_with`], a committed file's change judged by `judge` (the xtask's
+/// `--semantics`/`--policy`).
+pub(crate) fn generate_judged(
+    dir: &Path,
+    events: &[&EventDescriptor],
+    force: bool,
+    base: &str,
+    judge: Judge,
+) -> Result<Vec<FileStatus>, GenerateError> {
     if events.is_empty() {
         return Err(GenerateError::NoEvents);
     }
@@ -164,7 +177,7 @@ pub fn generate_with(
             Ok(committed) if committed == text => FileStatus::Unchanged(path),
             Ok(committed) => {
                 if !force {
-                    if let Some(problem) = judge_difference(event, &path, &committed, &text) {
+                    if let Some(problem) = judge_difference(event, &path, &committed, &text, judge) {
                         if !matches!(problem, Problem::Stale { .. }) {
                             refusals.problems.push(problem);
                         }

@@ -306,7 +306,7 @@ pub(crate) fn compare_each(old: &SchemaDoc, new: &SchemaDoc, mode: Mode, judge: 
         };
         let found = match judge.semantics {
             Semantics::Serde => can_read(writer, reader),
-            Semantics::JsonSchema => instance::includes(writer, reader),
+            Semantics::JsonSchema => instance::includes(writer, reader, judge.policy == Policy::Lenient),
         };
         incompatibilities.extend(found.into_iter().map(|f| Incompatibility {
             direction,

@@ -63,14 +63,26 @@ pub(crate) struct Instance<'a> {
     stack: Vec<(PairKey, PairKey)>,
     work: Work,
     unguarded: usize,
+    /// Open writers write only the properties they declare (the lenient policy; unsound
+    /// against JSON Schema instance semantics, sound against writers that keep to it).
+    closed_world: bool,
 }
 
-/// Everything that stops `reader` from accepting a value `writer` accepts.
-pub(crate) fn includes(writer: &SchemaDoc, reader: &SchemaDoc) -> Vec<Finding> {
+/// Everything that stops `reader` from accepting a value `writer` accepts; with
+/// `closed_world`, of the values that hold no property the writer's schema does not
+/// declare where it leaves them open.
+pub(crate) fn includes(writer: &SchemaDoc, reader: &SchemaDoc, closed_world: bool) -> Vec<Finding> {
     if same(writer.root(), writer, reader.root(), reader) {
         return Vec::new();
     }
-    let mut cx = Instance { w: writer, r: reader, stack: Vec::new(), work: Work::new(BUDGET), unguarded: 0 };
+    let mut cx = Instance {
+        w: writer,
+        r: reader,
+        stack: Vec::new(),
+        work: Work::new(BUDGET),
+        unguarded: 0,
+        closed_world,
+    };
     let mut found = cx.sub(&Side::of(writer, writer.root()), &Side::of(reader, reader.root()), None, "$");
     found.sort_by(|a, b| (&a.path, a.rule, &a.reason).cmp(&(&b.path, b.rule, &b.reason)));
     found.dedup();

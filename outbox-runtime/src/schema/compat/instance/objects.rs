@@ -30,7 +30,22 @@ fn pieces<'a>(p: &Part<'a>) -> Pieces<'a> {
     Pieces { patterns, rest: extra(p).unwrap_or(&TRUE) }
 }
 
+/// Whether `p` names property `name` (in `properties` or `required`).
+fn declares(p: &Part<'_>, name: &str) -> bool {
+    p.get("properties").and_then(|m| m.get(name)).is_some()
+        || p.get("required").and_then(Value::as_array).is_some_and(|r| r.iter().any(|n| n == name))
+}
+
 impl<'a> Instance<'a> {
+    /// Whether a writer part writes no property it does not declare: it is closed
+    /// (`additionalProperties: false`, no patterns), or it is open and the checker reads
+    /// open writers as writing only what they declare (the lenient policy).
+    fn closed(&self, p: &Part<'a>) -> bool {
+        let pc = pieces(p);
+        pc.patterns.is_empty()
+            && (*pc.rest == Value::Bool(false) || (self.closed_world && Part::new(pc.rest).is_true()))
+    }
+
     pub(super) fn objects(&mut self, w: &Side<'a>, r: Part<'a>, path: &str) -> Vec<Finding> {
         let rside = Side { doc: self.r, parts: vec![r] };
         let mut found = Vec::new();
@@ -66,6 +81,10 @@ impl<'a> Instance<'a> {
             names.extend(names_of(p, "dependentRequired"));
         }
         for name in &names {
+            if w.parts.iter().any(|p| self.closed(p) && !declares(p, name)) {
+                // The writer never writes `name`.
+                continue;
+            }
             let wn = property(w, name);
             if wn.parts.iter().any(Part::is_false) {
                 continue;
@@ -110,6 +129,9 @@ impl<'a> Instance<'a> {
     /// Properties neither side names: the writer's schema for them (its patterns' and its
     /// `additionalProperties`) must be read by the reader's.
     fn other_properties(&mut self, w: &Side<'a>, r: &Part<'a>, path: &str) -> Vec<Finding> {
+        if w.parts.iter().any(|p| self.closed(p)) {
+            return Vec::new();
+        }
         let rp = pieces(r);
         let r_free = rp.patterns.iter().all(|(_, s)| Part::new(s).is_true_in(self.r))
             && Part::new(rp.rest).is_true_in(self.r);
@@ -167,10 +189,7 @@ impl<'a> Instance<'a> {
         let declared = w
             .parts
             .iter()
-            .filter(|p| {
-                let pc = pieces(p);
-                pc.patterns.is_empty() && *pc.rest == Value::Bool(false)
-            })
+            .filter(|p| self.closed(p))
             .map(|p| {
                 p.get("properties")
                     .and_then(Value::as_object)
@@ -193,10 +212,7 @@ impl<'a> Instance<'a> {
             }
         }
         // A closed writer: its declared names, one by one.
-        let closed = w.parts.iter().find(|p| {
-            let pc = pieces(p);
-            pc.patterns.is_empty() && *pc.rest == Value::Bool(false)
-        });
+        let closed = w.parts.iter().find(|p| self.closed(p));
         let Some(closed) = closed else {
             return finding(
                 path,

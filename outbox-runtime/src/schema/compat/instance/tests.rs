@@ -12,7 +12,7 @@ fn doc(v: Value) -> SchemaDoc {
 }
 
 fn found(w: Value, r: Value) -> Vec<(String, Rule)> {
-    includes(&doc(w), &doc(r)).into_iter().map(|f| (f.path, f.rule)).collect()
+    includes(&doc(w), &doc(r), false).into_iter().map(|f| (f.path, f.rule)).collect()
 }
 
 fn reads(w: Value, r: Value) -> bool {
@@ -21,7 +21,7 @@ fn reads(w: Value, r: Value) -> bool {
 
 #[track_caller]
 fn yes(w: Value, r: Value) {
-    let f = includes(&doc(w.clone()), &doc(r.clone()));
+    let f = includes(&doc(w.clone()), &doc(r.clone()), false);
     assert!(f.is_empty(), "expected {r} to read everything {w} accepts, found {f:?}");
 }
 
@@ -219,12 +219,13 @@ fn what_cannot_be_proved_is_named() {
     let f = includes(
         &doc(json!({ "type": "object" })),
         &doc(json!({ "allOf": [ { "properties": { "a": {} } } ], "unevaluatedProperties": false })),
+        false,
     );
     assert!(
         f.iter().any(|f| f.rule == Rule::CannotProve && f.reason.contains("unevaluatedProperties")),
         "{f:?}"
     );
-    let f = includes(&doc(json!({ "type": "object" })), &doc(json!({ "$dynamicRef": "#x" })));
+    let f = includes(&doc(json!({ "type": "object" })), &doc(json!({ "$dynamicRef": "#x" })), false);
     assert!(f.iter().any(|f| f.rule == Rule::CannotProve && f.reason.contains("$dynamicRef")), "{f:?}");
 }
 
@@ -273,6 +274,35 @@ fn counterexamples_the_fuzz_found_stay_refused() {
     let f = includes(
         &doc(json!({ "const": { "a": 2.5, "b": 2 } })),
         &doc(json!({ "type": "object", "dependencies": { "a": { "enum": [2.5] } } })),
+        false,
     );
     assert!(f.iter().any(|f| f.rule == Rule::CannotProve), "{f:?}");
+}
+
+#[test]
+fn the_lenient_policy_reads_open_writers_as_writing_only_what_they_declare() {
+    let lenient = |w: Value, r: Value| includes(&doc(w), &doc(r), true);
+    let open = json!({ "type": "object", "properties": { "a": { "type": "string" } } });
+    let added =
+        json!({ "type": "object", "properties": { "a": { "type": "string" }, "b": { "type": "integer" } } });
+    // Strict: the open writer may hold `b` with any value.
+    assert!(found(open.clone(), added.clone()).iter().any(|(p, _)| p == "$.b"), "strict refuses");
+    assert!(lenient(open.clone(), added.clone()).is_empty(), "lenient accepts an optional property added");
+    // A reader closing the model, or bounding the count by what the writer declares.
+    let closed = json!({ "type": "object", "properties": { "a": { "type": "string" } }, "additionalProperties": false });
+    assert!(!found(open.clone(), closed.clone()).is_empty());
+    assert!(lenient(open.clone(), closed).is_empty());
+    let counted = json!({ "type": "object", "maxProperties": 1 });
+    assert!(lenient(open.clone(), counted).is_empty());
+    // What the writer declares is still judged: a changed type, a required property added.
+    let retyped = json!({ "type": "object", "properties": { "a": { "type": "integer" } } });
+    assert!(!lenient(open.clone(), retyped).is_empty());
+    let required =
+        json!({ "type": "object", "properties": { "a": { "type": "string" }, "b": {} }, "required": ["b"] });
+    assert!(lenient(open.clone(), required).iter().any(|f| f.rule == Rule::RequiredAdded));
+    // A writer that promises a map (`additionalProperties` a schema) or patterns still writes them.
+    let map = json!({ "type": "object", "additionalProperties": { "type": "string" } });
+    assert!(!lenient(map, added.clone()).is_empty());
+    let patterned = json!({ "type": "object", "patternProperties": { "^b": {} } });
+    assert!(!lenient(patterned, added).is_empty());
 }
