@@ -92,6 +92,7 @@ pub mod registry;
 #[cfg(feature = "runtime")]
 pub mod relay;
 pub mod schema;
+pub mod schema_registry;
 #[cfg(feature = "runtime")]
 pub mod secrets;
 #[cfg(feature = "signal")]

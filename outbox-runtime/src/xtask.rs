@@ -48,6 +48,10 @@ use crate::schema::{self, CheckOptions, Judge, Mode, Policy, Semantics};
 use crate::typegen::{write_or_check, Status};
 
 mod commands;
+#[cfg(feature = "schema-registry")]
+mod push;
+#[cfg(feature = "schema-registry")]
+pub use push::PushArgs;
 
 /// The contract commands: `schema ...` and `typegen`.
 #[derive(Debug, Subcommand)]
@@ -129,6 +133,10 @@ pub enum SchemaCommand {
         #[command(flatten)]
         judge: JudgeArgs,
     },
+    /// Registers every committed schema version in a schema registry (Confluent's REST
+    /// API), in order; a second push registers nothing.
+    #[cfg(feature = "schema-registry")]
+    Push(PushArgs),
 }
 
 /// `--semantics serde|json-schema --policy strict|lenient`: what compatible means (see
@@ -322,6 +330,12 @@ impl Xtask {
                 Ok(judge) => commands::compat(&old, &new, mode, judge),
                 Err(code) => code,
             },
+            #[cfg(feature = "schema-registry")]
+            Command::Schema(SchemaCommand::Push(args)) => {
+                let judge =
+                    Judge::new(Semantics::JsonSchema, args.policy.or(self.policy).unwrap_or_default());
+                push::push(&self.schemas(args.dir.clone()), &args, judge)
+            }
             Command::Typegen(args) => self.typegen(args),
             Command::Asyncapi(args) => self.asyncapi(args, events),
         }

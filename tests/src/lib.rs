@@ -31,6 +31,7 @@ pub mod kafka;
 pub mod metrics_kit;
 pub mod partition_kit;
 pub mod raw;
+pub mod registry_standin;
 pub mod relay_kit;
 mod rng;
 pub mod running;

@@ -59,7 +59,7 @@ impl CheckOptions {
 
 /// The committed versions under `dir`, by event type; files that do not fit the layout
 /// are reported.
-fn committed_versions(dir: &Path, report: &mut CheckReport) -> BTreeMap<String, BTreeSet<u32>> {
+pub(crate) fn committed_versions(dir: &Path, report: &mut CheckReport) -> BTreeMap<String, BTreeSet<u32>> {
     let mut found: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
     let Ok(entries) = std::fs::read_dir(dir) else { return found };
     let mut entries: Vec<_> = entries.filter_map(Result::ok).map(|e| e.path()).collect();

@@ -14,6 +14,8 @@ mod keywords;
 mod problem;
 mod repo;
 
+#[cfg(all(feature = "xtask", feature = "schema-registry"))]
+pub(crate) use check::committed_versions;
 pub use check::{check, check_with, CheckOptions};
 pub use compat::{
     compare, compare_transitive, compare_transitive_with, compare_with, Direction, Incompatibility, Judge,

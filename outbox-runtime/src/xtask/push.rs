@@ -1,0 +1,234 @@
+//! `schema push --registry URL`: every committed version registered in a schema registry,
+//! in order, with our verdict printed beside the registry's.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Args;
+use serde_json::Value;
+
+use crate::schema::{self, compare_with, CheckReport, Judge, Mode, Policy, SchemaDoc};
+use crate::schema_registry::{subject_name, Client, Lookup, RegistryError, TOPIC_RECORD_SUBJECT};
+
+/// `schema push --registry URL [--subject TEMPLATE] [--compatibility LEVEL] [--policy P] [--dry-run]`.
+#[derive(Debug, Clone, Args)]
+#[non_exhaustive]
+pub struct PushArgs {
+    /// The registry, `http(s)://HOST[:PORT][/PATH]`. Credentials come from
+    /// OUTBOX_SCHEMA_REGISTRY_USER and OUTBOX_SCHEMA_REGISTRY_PASSWORD, never the URL.
+    #[arg(long, env = "OUTBOX_SCHEMA_REGISTRY_URL")]
+    pub registry: String,
+    /// The schemas directory (default: `schemas` at the workspace root).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// The subject of each file: `{topic}`, `{title}`, `{event_type}` and `{version}`
+    /// replaced. The default is Confluent's TopicRecordNameStrategy (the record name of a
+    /// JSON Schema is its title); `{topic}-value` is its TopicNameStrategy.
+    #[arg(long, default_value = TOPIC_RECORD_SUBJECT)]
+    pub subject: String,
+    /// The compatibility level set on a subject before its first registration (a subject
+    /// that exists keeps its own).
+    #[arg(long, default_value = "FULL", value_parser = ["NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE"])]
+    pub compatibility: String,
+    /// The compatibility policy set with it (strict, the registry's default, or lenient),
+    /// and the one our verdict predicts.
+    #[arg(long, value_name = "strict|lenient", value_parser = |s: &str| s.parse::<Policy>())]
+    pub policy: Option<Policy>,
+    /// Look up and check only: register nothing, configure nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// One committed file to push.
+struct Item {
+    path: PathBuf,
+    text: String,
+    subject: String,
+    label: String,
+}
+
+/// What one file came to.
+enum Outcome {
+    Already,
+    Registered,
+    Refused,
+}
+
+pub(super) fn push(dir: &Path, args: &PushArgs, judge: Judge) -> ExitCode {
+    let items = match plan(dir, &args.subject) {
+        Ok(items) => items,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let client = match Client::from_env(&args.registry) {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (mut already, mut registered, mut refused) = (0, 0, 0);
+    for item in &items {
+        match push_one(&client, item, args, judge) {
+            Ok(Outcome::Already) => already += 1,
+            Ok(Outcome::Registered) => registered += 1,
+            Ok(Outcome::Refused) => refused += 1,
+            Err(e) => {
+                eprintln!("error: {}: {e}", item.path.display());
+                eprintln!("schema push stopped: the registry did not answer as its API documents");
+                return ExitCode::from(3);
+            }
+        }
+    }
+    let verb = if args.dry_run { "would register" } else { "registered" };
+    println!(
+        "schema push to {}: {} file(s): {registered} {verb}, {already} already registered, {refused} refused",
+        client.url(),
+        items.len()
+    );
+    if refused > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// The committed files in order (event type, then version), each with its subject.
+fn plan(dir: &Path, template: &str) -> Result<Vec<Item>, String> {
+    let mut report = CheckReport::default();
+    let committed = schema::committed_versions(dir, &mut report);
+    if !report.problems.is_empty() {
+        return Err(report.to_string().trim_end().trim_start_matches("error: ").to_owned());
+    }
+    if committed.is_empty() {
+        return Err(format!("{}: no committed schemas (<event_type>/v<N>.json)", dir.display()));
+    }
+    let mut items = Vec::new();
+    for (event_type, versions) in committed {
+        for version in versions {
+            let path = schema::schema_path(dir, &event_type, version);
+            let doc = SchemaDoc::from_file(&path).map_err(|e| e.to_string())?;
+            let meta = doc.root().get("x-outbox");
+            let text_of = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
+            let topic = text_of(meta.and_then(|m| m.get("topic")));
+            let title = text_of(doc.root().get("title"));
+            let need = |placeholder: &str, value: &Option<String>, what: &str| {
+                if template.contains(placeholder) && value.is_none() {
+                    Err(format!(
+                        "{}: the subject template {template:?} needs {what}, which this file lacks",
+                        path.display()
+                    ))
+                } else {
+                    Ok(())
+                }
+            };
+            need("{topic}", &topic, "x-outbox.topic")?;
+            need("{title}", &title, "a title")?;
+            let subject = subject_name(
+                template,
+                topic.as_deref().unwrap_or(""),
+                title.as_deref().unwrap_or(""),
+                &event_type,
+                version,
+            )?;
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+            items.push(Item { path, text, subject, label: format!("{event_type} v{version}") });
+        }
+    }
+    Ok(items)
+}
+
+fn push_one(client: &Client, item: &Item, args: &PushArgs, judge: Judge) -> Result<Outcome, RegistryError> {
+    let Item { subject, label, .. } = item;
+    match client.lookup(subject, &item.text)? {
+        Lookup::Registered(r) => {
+            println!(
+                "{label}: already registered in subject {subject:?} as id {} (version {})",
+                r.id, r.version
+            );
+            Ok(Outcome::Already)
+        }
+        Lookup::NoSubject => {
+            if args.dry_run {
+                println!(
+                    "{label}: would create subject {subject:?} ({}{}) and register it",
+                    args.compatibility,
+                    args.policy.map(|p| format!(", {} policy", p)).unwrap_or_default()
+                );
+                return Ok(Outcome::Registered);
+            }
+            client.set_compatibility(subject, &args.compatibility, args.policy)?;
+            register(client, item)
+        }
+        Lookup::NotInSubject => {
+            let level = client.compatibility(subject)?;
+            let ours = our_verdict(client, item, &level, judge)?;
+            let theirs = client.check_latest(subject, &item.text)?;
+            println!("{label}: subject {subject:?} ({level}) holds other versions");
+            println!("  our verdict ({judge_name}): {ours}", judge_name = describe(judge));
+            if theirs.is_compatible {
+                println!("  the registry's verdict: compatible");
+            } else {
+                println!("  the registry's verdict: incompatible");
+                for m in &theirs.messages {
+                    println!("    {m}");
+                }
+            }
+            if args.dry_run {
+                println!("  would register it");
+                return Ok(if theirs.is_compatible { Outcome::Registered } else { Outcome::Refused });
+            }
+            register(client, item)
+        }
+    }
+}
+
+fn register(client: &Client, item: &Item) -> Result<Outcome, RegistryError> {
+    match client.register(&item.subject, &item.text) {
+        Ok(id) => {
+            println!("{}: registered in subject {:?} as id {id}", item.label, item.subject);
+            Ok(Outcome::Registered)
+        }
+        Err(e) if e.is_refusal() => {
+            eprintln!("error: {}: {}: {e}", item.path.display(), item.label);
+            Ok(Outcome::Refused)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn describe(judge: Judge) -> String {
+    format!("{} semantics, {} policy", judge.semantics, judge.policy)
+}
+
+/// Our verdict on the file against the subject's latest version under its level.
+fn our_verdict(client: &Client, item: &Item, level: &str, judge: Judge) -> Result<String, RegistryError> {
+    let mode = match level.split('_').next() {
+        Some("BACKWARD") => Mode::Backward,
+        Some("FORWARD") => Mode::Forward,
+        Some("FULL") => Mode::Full,
+        _ => return Ok(format!("not judged (level {level})")),
+    };
+    let latest = client.latest(&item.subject)?;
+    let name = format!("{} version {}", item.subject, latest.version);
+    let old = match SchemaDoc::from_str(&name, &latest.schema) {
+        Ok(doc) => doc,
+        Err(e) => return Ok(format!("not judged: {e}")),
+    };
+    let new = match SchemaDoc::from_str(&item.path.display().to_string(), &item.text) {
+        Ok(doc) => doc,
+        Err(e) => return Ok(format!("not judged: {e}")),
+    };
+    let report = compare_with(&old, &new, mode, judge);
+    if report.is_compatible() {
+        return Ok(format!("compatible ({mode}) with version {}", latest.version));
+    }
+    let mut out = format!("incompatible ({mode}) with version {}", latest.version);
+    for inc in &report.incompatibilities {
+        out.push_str(&format!("\n    {inc}"));
+    }
+    Ok(out)
+}
