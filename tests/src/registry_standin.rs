@@ -1,8 +1,9 @@
 //! A stand-in for a Confluent-API schema registry, for tests: no registry server can be
 //! installed on these machines. It implements only the endpoints the documentation gives
-//! and the error codes it lists (40401 subject not found, 40403 schema not found, 409
+//! and the error codes it lists (40401 subject not found, 40403 schema not found, 40901
 //! incompatible, 42201 invalid schema, 42203 invalid compatibility level, 401), keeps
-//! everything in memory, and judges compatibility with this crate's own checker (JSON
+//! everything in memory, gives each schema a GUID (as Confluent 8 does), and judges
+//! compatibility with this crate's own checker (JSON
 //! Schema semantics, the subject's policy): it tests our client and the bytes, not the
 //! registry's verdicts.
 
@@ -119,6 +120,7 @@ fn router(state: Shared) -> Router {
         .route("/config/{subject}", get(get_config).put(put_config))
         .route("/compatibility/subjects/{subject}/versions/latest", post(check_latest))
         .route("/schemas/ids/{id}", get(schema_by_id))
+        .route("/schemas/guids/{guid}", get(schema_by_guid))
         .with_state(state)
 }
 
@@ -164,6 +166,11 @@ fn schema_of(body: &Value) -> Result<String, Refusal> {
     let text = body.get("schema").and_then(Value::as_str).ok_or_else(|| invalid("no schema"))?;
     SchemaDoc::from_str("schema", text).map_err(|e| invalid(&e.to_string()))?;
     Ok(text.to_owned())
+}
+
+/// The GUID of schema `id` (registries since Confluent 8.0 give each schema one).
+pub fn guid_of(id: u32) -> String {
+    format!("00000000-0000-4000-8000-{id:012x}")
 }
 
 fn same(a: &str, b: &str) -> bool {
@@ -229,7 +236,9 @@ async fn lookup(
     for (i, id) in ids.iter().enumerate() {
         let text = &registry.schemas[*id as usize - 1];
         if same(text, &schema) {
-            return Ok(Json(json!({ "subject": subject, "id": id, "version": i + 1, "schema": text })));
+            return Ok(Json(json!({
+                "subject": subject, "id": id, "guid": guid_of(*id), "version": i + 1, "schema": text,
+            })));
         }
     }
     Err(error(StatusCode::NOT_FOUND, 40403, "Schema not found"))
@@ -245,13 +254,13 @@ async fn register(
     let schema = schema_of(&body)?;
     let existing = registry.subjects.get(&subject).cloned().unwrap_or_default();
     if let Some(id) = existing.iter().find(|id| same(&registry.schemas[**id as usize - 1], &schema)) {
-        return Ok(Json(json!({ "id": id })));
+        return Ok(Json(json!({ "id": id, "guid": guid_of(*id) })));
     }
     let problems = incompatibilities(&registry, &subject, &schema, false);
     if !problems.is_empty() {
         return Err(error(
             StatusCode::CONFLICT,
-            409,
+            40901,
             format!(
                 "Schema being registered is incompatible with an earlier schema for subject \"{subject}\", details: [{}]",
                 problems.join(", ")
@@ -266,7 +275,7 @@ async fn register(
         }
     };
     registry.subjects.entry(subject).or_default().push(id);
-    Ok(Json(json!({ "id": id })))
+    Ok(Json(json!({ "id": id, "guid": guid_of(id) })))
 }
 
 async fn versions(State(state): State<Shared>, Path(subject): Path<String>, headers: HeaderMap) -> Answer {
@@ -280,7 +289,7 @@ async fn latest(State(state): State<Shared>, Path(subject): Path<String>, header
     let ids = registry.subjects.get(&subject).ok_or_else(|| no_subject(&subject))?;
     let id = *ids.last().ok_or_else(|| no_subject(&subject))?;
     Ok(Json(json!({
-        "subject": subject, "id": id, "version": ids.len(), "schemaType": "JSON",
+        "subject": subject, "id": id, "guid": guid_of(id), "version": ids.len(), "schemaType": "JSON",
         "schema": registry.schemas[id as usize - 1],
     })))
 }
@@ -348,7 +357,8 @@ async fn check_latest(
         enter(&state, &headers, format!("POST /compatibility/subjects/{subject}/versions/latest"))?;
     let schema = schema_of(&body)?;
     if !registry.subjects.contains_key(&subject) {
-        return Err(no_subject(&subject));
+        // Nothing to be incompatible with.
+        return Ok(Json(json!({ "is_compatible": true })));
     }
     let messages = incompatibilities(&registry, &subject, &schema, true);
     Ok(Json(json!({ "is_compatible": messages.is_empty(), "messages": messages })))
@@ -358,6 +368,15 @@ async fn schema_by_id(State(state): State<Shared>, Path(id): Path<u32>, headers:
     let registry = enter(&state, &headers, format!("GET /schemas/ids/{id}"))?;
     match id.checked_sub(1).and_then(|i| registry.schemas.get(i as usize)) {
         Some(text) => Ok(Json(json!({ "schemaType": "JSON", "schema": text }))),
+        None => Err(error(StatusCode::NOT_FOUND, 40403, "Schema not found")),
+    }
+}
+
+async fn schema_by_guid(State(state): State<Shared>, Path(guid): Path<String>, headers: HeaderMap) -> Answer {
+    let registry = enter(&state, &headers, format!("GET /schemas/guids/{guid}"))?;
+    let found = (1..=registry.schemas.len() as u32).find(|id| guid_of(*id) == guid);
+    match found {
+        Some(id) => Ok(Json(json!({ "schemaType": "JSON", "schema": registry.schemas[id as usize - 1] }))),
         None => Err(error(StatusCode::NOT_FOUND, 40403, "Schema not found")),
     }
 }

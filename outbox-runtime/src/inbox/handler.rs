@@ -177,6 +177,10 @@ pub struct Meta {
     pub offset: i64,
     /// Every header, by name.
     pub headers: BTreeMap<String, String>,
+    /// The schema a schema registry frame names (the value's `0x00` + id prefix, or its
+    /// `__value_schema_id` header), when the record has one; the data handlers decode is
+    /// the payload after the frame.
+    pub registry_schema: Option<crate::schema_registry::framing::SchemaRef>,
     /// The consumer reading it (set by the inbox before a handler sees it).
     pub(crate) consumer: Arc<str>,
 }

@@ -60,7 +60,7 @@ pub enum RegistryError {
         /// 401 or 403.
         status: u16,
     },
-    /// HTTP 409: the schema is not compatible with the subject's registered versions
+    /// HTTP 409 (error code 409, or 40901 since Confluent 8.0.4): the schema is not compatible with the subject's registered versions
     /// under the subject's compatibility level.
     #[error("subject {subject:?}: the registry refuses the schema as incompatible{}", list(messages))]
     Incompatible {
@@ -121,8 +121,11 @@ impl RegistryError {
 pub struct Registered {
     /// The subject.
     pub subject: String,
-    /// The schema's global id (what the wire format carries).
+    /// The schema's global id (what the prefix form of the wire format carries).
     pub id: u32,
+    /// The schema's GUID (what the header form carries), from registries that give one
+    /// (Confluent 8.0 and later).
+    pub guid: Option<[u8; 16]>,
     /// Its version within the subject.
     pub version: u32,
     /// The schema as the registry keeps it.
@@ -454,6 +457,7 @@ fn registered(answer: &Value, subject: &str, what: &str) -> Result<Registered, R
     Ok(Registered {
         subject: answer.get("subject").and_then(Value::as_str).unwrap_or(subject).to_owned(),
         id: id_of(answer, "id", what)?,
+        guid: answer.get("guid").and_then(Value::as_str).and_then(super::framing::parse_guid),
         version: id_of(answer, "version", what)?,
         schema: answer.get("schema").and_then(Value::as_str).unwrap_or_default().to_owned(),
     })

@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use outbox_runtime::schema_registry::framing::{guid_header, prefix, VALUE_SCHEMA_ID_HEADER};
 use uuid::Uuid;
 
 use super::{Credit, Expected, Planned, AUDIT, CREDIT};
@@ -136,8 +137,21 @@ impl Generator {
                 };
                 let account = if mode == "nul" { format!("{pooled}\0x") } else { pooled.clone() };
                 let version = *self.next_version.entry(pooled.clone()).and_modify(|v| *v += 1).or_insert(1);
-                let payload = self.credit_payload(&account, mode);
-                let headers = text_headers(&ce(&id.to_string(), CREDIT, Some(&pooled), Some(version)));
+                let mut payload = self.credit_payload(&account, mode);
+                let mut headers = text_headers(&ce(&id.to_string(), CREDIT, Some(&pooled), Some(version)));
+                // Some in a schema registry's wire format (Confluent's serializers): the
+                // id before the payload, or a GUID in a header; read as the same event.
+                match self.rng.range(0, 12) {
+                    0 => payload = prefix(u32::try_from(self.rng.range(0, 1 << 32)).unwrap_or(0), &payload),
+                    1 => {
+                        let guid: [u8; 16] = self.bytes(16).try_into().unwrap_or_default();
+                        headers.push((
+                            VALUE_SCHEMA_ID_HEADER.as_bytes().to_vec(),
+                            Some(guid_header(guid).to_vec()),
+                        ));
+                    }
+                    _ => {}
+                }
                 let fate = match mode {
                     "permanent" | "panic" | "always-transient" | "nul" => Fate::Park,
                     _ => Fate::Apply { id, aggregate: Some((pooled.clone(), version)) },
@@ -232,8 +246,15 @@ impl Generator {
         let which = self.rng.range(0, 16);
         match which {
             0 => {
-                let mut value = vec![0xff];
-                let len = usize::try_from(self.rng.range(0, 300)).unwrap_or(0);
+                // Not JSON; or a control byte no JSON begins with (an unknown magic byte);
+                // or a schema registry frame cut short.
+                let first = match self.rng.range(0, 3) {
+                    0 => 0xff,
+                    1 => u8::try_from(self.rng.range(0x02, 0x09)).unwrap_or(2),
+                    _ => 0x00,
+                };
+                let mut value = vec![first];
+                let len = usize::try_from(self.rng.range(0, if first == 0 { 4 } else { 300 })).unwrap_or(0);
                 value.extend(self.bytes(len));
                 (text_headers(&ok(id)), Some(value), "random value")
             }

@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use super::{storable_text, why_not_text, MAX_IDENTIFIER_BYTES};
 use crate::inbox::handler::Meta;
+use crate::schema_registry::framing::unframe;
 
 /// The CloudEvents media type of the structured mode, and the JSON event format.
 const STRUCTURED: &str = "application/cloudevents";
@@ -196,6 +197,8 @@ pub(super) fn version_in_dataschema(uri: &str) -> Option<u32> {
 pub(super) struct Parts<'a> {
     pub(super) headers: &'a BTreeMap<String, String>,
     pub(super) problems: &'a [String],
+    /// The `__value_schema_id` header's value, when the record has one.
+    pub(super) schema_header: Option<&'a [u8]>,
     pub(super) key: Option<&'a [u8]>,
     pub(super) payload: &'a [u8],
     pub(super) null_value: bool,
@@ -273,14 +276,23 @@ pub(super) fn read_meta(parts: &Parts<'_>) -> Result<(Meta, Option<Vec<u8>>), St
         ),
         None => None,
     };
+    // In binary mode the value may be framed in a schema registry's wire format.
+    let mut registry_schema = None;
     let data: &[u8] = match &attributes.data {
         Some(data) => data,
         None => {
             if parts.null_value {
                 return Err("null value (a tombstone): no event to apply".to_owned());
             }
-            parts.payload
+            let unframed = unframe(parts.payload, parts.schema_header).map_err(|e| e.to_string())?;
+            registry_schema = unframed.schema;
+            unframed.payload
         }
+    };
+    // The data when it is not the value: structured mode's, or the payload after a frame.
+    let own_data = match &attributes.data {
+        Some(_) => None,
+        None => registry_schema.is_some().then(|| data.to_vec()),
     };
     if data.is_empty() {
         return Err("empty payload".to_owned());
@@ -338,7 +350,8 @@ pub(super) fn read_meta(parts: &Parts<'_>) -> Result<(Meta, Option<Vec<u8>>), St
         partition: parts.place.1,
         offset: parts.place.2,
         headers: headers.clone(),
+        registry_schema,
         consumer: Arc::default(),
     };
-    Ok((meta, attributes.data))
+    Ok((meta, attributes.data.or(own_data)))
 }

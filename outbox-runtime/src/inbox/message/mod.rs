@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 
 use super::budget::Charge;
 use super::handler::Meta;
+use crate::schema_registry::framing::{MAGIC_GUID, MAGIC_ID, VALUE_SCHEMA_ID_HEADER};
 
 mod cloudevents;
 mod native;
@@ -46,7 +47,8 @@ pub(crate) struct Incoming {
     /// The value; empty for a null value (`null_value` tells which).
     pub(crate) payload: Vec<u8>,
     /// The event's data when it is not the value itself: a structured-mode CloudEvent's
-    /// `data` (or decoded `data_base64`). `None` in binary mode, where it is the value.
+    /// `data` (or decoded `data_base64`), or a framed value's payload (a schema registry's
+    /// wire format). `None` in binary mode without a frame, where it is the value.
     pub(crate) data: Option<Vec<u8>>,
     pub(crate) null_value: bool,
     /// Headers whose name and value are storable text, by name (the last of a repeated name).
@@ -168,6 +170,20 @@ fn text_headers(raw: &[RawHeader]) -> (BTreeMap<String, String>, Vec<String>) {
     (headers, problems)
 }
 
+/// The value of the `__value_schema_id` header (a schema registry's id of the value's
+/// schema), when the record has one; the header repeated with different values is a problem.
+fn schema_id_header<'a>(raw: &'a [RawHeader], problems: &mut Vec<String>) -> Option<&'a [u8]> {
+    let name = VALUE_SCHEMA_ID_HEADER.as_bytes();
+    let mut values =
+        raw.iter().filter(|h| h.name.as_deref() == Some(name)).filter_map(|h| h.value.as_deref());
+    let first = values.next()?;
+    if values.any(|v| v != first) {
+        problems
+            .push(format!("header {VALUE_SCHEMA_ID_HEADER} appears more than once with different values"));
+    }
+    Some(first)
+}
+
 /// A consumed record as the inbox keeps it until a worker reads it: detached from the
 /// consumer, every byte as it came.
 #[derive(Debug)]
@@ -241,9 +257,17 @@ impl Received {
             })
             .sum();
         let payload = self.payload.as_ref().map_or(0, Vec::len);
+        // A schema registry frame is stripped into a copy of the payload, as structured
+        // mode's data is.
+        let framed = self
+            .payload
+            .as_ref()
+            .and_then(|p| p.first())
+            .is_some_and(|b| matches!(*b, MAGIC_ID | MAGIC_GUID))
+            || self.headers.iter().any(|h| h.name.as_deref() == Some(VALUE_SCHEMA_ID_HEADER.as_bytes()));
         self.topic.len()
             + self.key.as_ref().map_or(0, Vec::len)
-            + if structured { 2 * payload } else { payload }
+            + if structured || framed { 2 * payload } else { payload }
             + headers
             + 256
     }
@@ -267,12 +291,14 @@ impl Incoming {
         payload: Option<Vec<u8>>,
         raw_headers: Vec<RawHeader>,
     ) -> Incoming {
-        let (headers, problems) = text_headers(&raw_headers);
+        let (headers, mut problems) = text_headers(&raw_headers);
+        let schema_header = schema_id_header(&raw_headers, &mut problems);
         let null_value = payload.is_none();
         let payload = payload.unwrap_or_default();
         let read = read_meta(&Parts {
             headers: &headers,
             problems: &problems,
+            schema_header,
             key: key.as_deref(),
             payload: &payload,
             null_value,
@@ -333,5 +359,7 @@ impl Incoming {
     }
 }
 
+#[cfg(test)]
+mod framing_tests;
 #[cfg(test)]
 mod tests;
