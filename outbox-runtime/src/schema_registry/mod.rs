@@ -5,7 +5,7 @@
 //! - [`framing`]: the bytes of a record whose schema a registry names (a magic byte and
 //!   the schema id before the payload, or the id in a header), read and written. Always
 //!   built: the inbox reads framed records without any client.
-//! - [`Client`] (feature `schema-registry`): the few endpoints `cargo xtask schema push`
+//! - `Client` (feature `schema-registry`): the few endpoints `cargo xtask schema push`
 //!   and a relay that frames its records need (lookup, register, subject configuration,
 //!   compatibility with `verbose=true`, schema by id), blocking, over HTTP or HTTPS.
 //!
