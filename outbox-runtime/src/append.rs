@@ -14,8 +14,8 @@ use crate::outbox::Outbox;
 use crate::OutboxEvent;
 
 /// Room counted for the fixed headers the relay adds (names, `ce_id`, `ce_time`,
-/// `ce_source` and `ce_dataschema` of up to 128 bytes each, versions, ...) when an append
-/// checks the record size.
+/// `ce_source` and `ce_dataschema` of up to 128 bytes each, versions, a schema registry
+/// frame, ...) when an append checks the record size.
 pub const RESERVED_HEADER_BYTES: usize = 768;
 
 /// Options of one append.

@@ -18,6 +18,17 @@ Commands (each prints one JSON object on stdout; exit 1 on a failed check, 2 on 
   produce BOOTSTRAP TOPIC COUNT
       Writes COUNT credits (`test.credit` v1) in binary mode and COUNT in structured mode,
       with ids that are not UUIDs, keyed by account, and prints what it wrote.
+
+  consume-registry BOOTSTRAP TOPIC REGISTRY_URL EVENT_ID...
+      Reads the relay's records of those event ids from TOPIC with the schema registry's
+      JSONDeserializer (confluent-kafka[schemaregistry]): the writer schema fetched from
+      the registry by the id in the prefix or the GUID in the header, the data validated
+      against it. Prints, per record, the framing, the id or GUID and the data.
+
+  produce-registry BOOTSTRAP TOPIC REGISTRY_URL COUNT
+      Writes COUNT credits framed by JSONSerializer in the prefix form and COUNT in the
+      header form (the schema auto-registered as <topic>-value), each with CloudEvents
+      binary-mode headers, and prints what it wrote.
 """
 
 import json
@@ -31,6 +42,15 @@ from cloudevents.core.bindings import kafka
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
 from confluent_kafka import Consumer, Producer
+from confluent_kafka.schema_registry import (
+    SchemaRegistryClient,
+    SchemaRegistryError,
+    dual_schema_id_deserializer,
+    header_schema_id_serializer,
+    prefix_schema_id_serializer,
+)
+from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext, SerializationError
 
 FORMAT = JSONFormat()
 
@@ -137,6 +157,110 @@ def produce(bootstrap, topic, count):
     print(json.dumps({"ok": True, "written": written}))
 
 
+# Subjects named <topic>-value without first asking the registry for topic associations
+# (2.16's default strategy does, and falls back to this on a 404).
+TOPIC_SUBJECTS = {"subject.name.strategy.type": "TOPIC"}
+
+
+def consume_registry(bootstrap, topic, registry_url, wanted):
+    read = {}
+
+    def recording(payload, ctx, schema_id):
+        # The default reader (header first, then the prefix), noting what it read.
+        rest = dual_schema_id_deserializer(payload, ctx, schema_id)
+        read["id"] = schema_id.id
+        read["guid"] = str(schema_id.guid) if schema_id.guid is not None else None
+        return rest
+
+    deserializer = JSONDeserializer(
+        None,
+        schema_registry_client=SchemaRegistryClient({"url": registry_url}),
+        conf={**TOPIC_SUBJECTS, "schema.id.deserializer": recording},
+    )
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"interop-{uuid.uuid4()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    wanted = set(wanted)
+    seen = {}
+    deadline = time.monotonic() + 120
+    while wanted - seen.keys() and time.monotonic() < deadline:
+        message = consumer.poll(1.0)
+        if message is None or message.error():
+            continue
+        headers = message.headers() or []
+        event_id = (dict(headers).get("ce_id") or b"").decode()
+        if event_id not in wanted:
+            continue
+        read.clear()
+        try:
+            data = deserializer(message.value(), SerializationContext(topic, MessageField.VALUE, headers))
+        except (SerializationError, SchemaRegistryError) as error:
+            fail("the registry's deserializer refused a record", event_id=event_id, error=str(error))
+        seen[event_id] = {
+            "framing": "header" if any(k == "__value_schema_id" for k, _ in headers) else "prefix",
+            "schema_id": read.get("id"),
+            "schema_guid": read.get("guid"),
+            "data": data,
+        }
+    consumer.close()
+    missing = sorted(wanted - seen.keys())
+    if missing:
+        fail("records not found", missing=missing)
+    print(json.dumps({"ok": True, "checked": len(seen), "records": seen}))
+
+
+CREDIT_SCHEMA = json.dumps(
+    {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "urn:outbox:schemas/test.credit/v1.json",
+        "title": "test.credit v1",
+        "type": "object",
+        "properties": {"account": {"type": "string"}, "amount": {"type": "integer"}},
+        "required": ["account", "amount"],
+    }
+)
+
+
+def produce_registry(bootstrap, topic, registry_url, count):
+    client = SchemaRegistryClient({"url": registry_url})
+    serializers = {
+        form: JSONSerializer(CREDIT_SCHEMA, client, conf={**TOPIC_SUBJECTS, "schema.id.serializer": write_id})
+        for form, write_id in (("prefix", prefix_schema_id_serializer), ("header", header_schema_id_serializer))
+    }
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "partitioner": "murmur2_random"})
+    written = []
+    for n in range(count):
+        for form, serializer in serializers.items():
+            account = f"acc-sr-{n % 3}"
+            data = {"account": account, "amount": 200 + n}
+            attributes = {
+                "specversion": "1.0",
+                "id": f"python-registry-{form}-{n}",
+                "source": "/interop-python",
+                "type": "test.credit",
+                "datacontenttype": "application/json",
+                "subject": account,
+                "partitionkey": account,
+                "dataschema": "urn:outbox:schemas/test.credit/v1.json",
+            }
+            message = kafka.to_binary(CloudEvent(attributes=attributes, data=data), FORMAT)
+            headers = list(message.headers.items())
+            # The header form appends ("__value_schema_id", 0x01 + GUID) to these headers.
+            value = serializer(data, SerializationContext(topic, MessageField.VALUE, headers))
+            producer.produce(topic, key=message.key, value=value, headers=headers)
+            written.append({"id": attributes["id"], "source": attributes["source"], "form": form, "amount": data["amount"]})
+    remaining = producer.flush(30)
+    if remaining:
+        fail(f"{remaining} records not delivered")
+    print(json.dumps({"ok": True, "written": written}))
+
+
 def main(argv):
     try:
         command, bootstrap, topic, *rest = argv
@@ -146,6 +270,12 @@ def main(argv):
         elif command == "produce":
             (count,) = rest
             produce(bootstrap, topic, int(count))
+        elif command == "consume-registry":
+            registry_url, *ids = rest
+            consume_registry(bootstrap, topic, registry_url, ids)
+        elif command == "produce-registry":
+            registry_url, count = rest
+            produce_registry(bootstrap, topic, registry_url, int(count))
         else:
             raise ValueError(command)
     except ValueError as error:

@@ -36,8 +36,12 @@ pub struct Record {
     pub key: String,
     /// The value.
     pub value: String,
-    /// Headers by name (last wins).
+    /// Headers by name (last wins), as text (invalid UTF-8 replaced).
     pub headers: BTreeMap<String, String>,
+    /// The value's bytes as they were written.
+    pub raw_value: Vec<u8>,
+    /// The headers' names and bytes, in order.
+    pub raw_headers: Vec<(String, Option<Vec<u8>>)>,
     /// Kafka partition.
     pub partition: i32,
     /// Offset in it.
@@ -202,10 +206,16 @@ impl Record {
                     .collect()
             })
             .unwrap_or_default();
+        let raw_headers = message
+            .headers()
+            .map(|hs| hs.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
+            .unwrap_or_default();
         Record {
             key: String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned(),
             value: String::from_utf8_lossy(message.payload().unwrap_or_default()).into_owned(),
             headers,
+            raw_value: message.payload().unwrap_or_default().to_vec(),
+            raw_headers,
             partition: message.partition(),
             offset: message.offset(),
         }

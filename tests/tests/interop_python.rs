@@ -6,6 +6,10 @@
 //!    (its `$id`) of the record's version and type, and that the data validates against it.
 //! 2. Python writes credits as plain CloudEvents, binary and structured, with ids that are
 //!    not UUIDs and the version only in `dataschema`; the inbox applies each once.
+//! 3. With a schema registry (a stand-in of its API, started here): the relay frames its
+//!    records with the ids of the committed schemas, prefix and header forms, and Python's
+//!    `JSONDeserializer` reads them, fetching and validating against the registered
+//!    schema; records Python's `JSONSerializer` framed both ways are applied by the inbox.
 //!
 //! It needs a Python with `tests/interop/requirements.txt` installed, named by
 //! `OUTBOX_INTEROP_PYTHON`: `.ci/run` makes a throwaway venv and runs it against its Tansu
@@ -16,7 +20,13 @@ use std::time::Duration;
 
 use outbox_examples::orders;
 use outbox_runtime::inbox::event_id_of;
+use outbox_runtime::relay::ClaimMode;
+use outbox_runtime::schema_registry::framing::{parse_guid, SchemaRef};
+use outbox_runtime::schema_registry::{
+    committed_schemas, Client, SchemaIdForm, SchemaIds, TOPIC_RECORD_SUBJECT,
+};
 use outbox_tests::inbox_kit::credits::{self, count, Ledger};
+use outbox_tests::registry_standin::StandIn;
 use outbox_tests::running::{quick, start};
 use outbox_tests::{eventually, migrate, rows_in, sample_order};
 use serde_json::Value;
@@ -100,5 +110,105 @@ async fn python_clients_read_what_the_relay_writes_and_feed_the_inbox(pool: PgPo
         .await
         .expect("inbox row");
         assert_eq!(kept, Some((Some(id.to_owned()), w["amount"].as_i64().expect("amount"))), "{w}");
+    }
+}
+
+#[sqlx::test(migrations = false)]
+#[ignore = "needs OUTBOX_INTEROP_PYTHON (a Python with tests/interop/requirements.txt); .ci/run runs it"]
+async fn python_registry_clients_read_the_relays_framed_records_and_frame_what_the_inbox_applies(
+    pool: PgPool,
+) {
+    let setup = credits::setup(&pool).await;
+    let kafka = &setup.kafka;
+    kafka.create_topic("orders", 3).await;
+    let outbox = migrate(&pool).await;
+    let registry = StandIn::start();
+    let client = Client::new(registry.url()).expect("client");
+    let schemas = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../schemas"));
+    for file in committed_schemas(schemas, TOPIC_RECORD_SUBJECT).expect("committed") {
+        client.register(&file.subject, &file.text).expect("register");
+    }
+    let ids = |form| SchemaIds::resolve(&client, schemas, TOPIC_RECORD_SUBJECT, form).expect("ids");
+
+    // 1. The relay's framed records, prefix form then header form, as Python's
+    //    deserializer reads them.
+    let (prefix, header) = (ids(SchemaIdForm::Prefix), ids(SchemaIdForm::Header));
+    for (i, config) in [
+        quick(kafka).schema_ids(prefix.clone()),
+        quick(kafka).schema_ids(header.clone()).claim_mode(ClaimMode::HoldLocks),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let relay = start(&pool, &outbox, config);
+        for _ in 0..2 {
+            let order = orders::place(&pool, &outbox, &sample_order()).await.expect("place");
+            orders::confirm(&pool, &outbox, order).await.expect("confirm");
+        }
+        let want = 4 * (i as i64 + 1);
+        let published =
+            eventually(Duration::from_secs(60), || async { rows_in(&pool, "published").await == want }).await;
+        relay.shutdown().await;
+        assert!(published, "{want} events published");
+    }
+    let rows: Vec<(Uuid, String, i32, String)> =
+        sqlx::query_as("SELECT event_id, event_type, schema_version, payload::text FROM outbox ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .expect("rows");
+    let event_ids: Vec<String> = rows.iter().map(|r| r.0.to_string()).collect();
+    let mut args = vec!["consume-registry", kafka.bootstrap(), "orders", registry.url()];
+    args.extend(event_ids.iter().map(String::as_str));
+    let read = python(&args);
+    eprintln!("python's JSONDeserializer read the relay's records: {read}");
+    assert_eq!(read["checked"], 8, "{read}");
+    for (i, (event_id, event_type, version, payload)) in rows.iter().enumerate() {
+        let record = &read["records"][event_id.to_string()];
+        let version = u32::try_from(*version).expect("version");
+        let payload: Value = serde_json::from_str(payload).expect("payload");
+        assert_eq!(record["data"], payload, "{event_type} v{version}: {record}");
+        if i < 4 {
+            let Some(SchemaRef::Id(id)) = prefix.get(event_type, version) else { panic!("an id") };
+            assert_eq!(
+                (record["framing"].as_str(), record["schema_id"].as_u64()),
+                (Some("prefix"), Some(id.into()))
+            );
+        } else {
+            let Some(SchemaRef::Guid(guid)) = header.get(event_type, version) else { panic!("a GUID") };
+            let read_guid = record["schema_guid"].as_str().and_then(parse_guid);
+            assert_eq!((record["framing"].as_str(), read_guid), (Some("header"), Some(guid)), "{record}");
+        }
+    }
+
+    // 2. Python's framed records, as the inbox applies them.
+    let written = python(&["produce-registry", kafka.bootstrap(), &setup.topic, registry.url(), "3"]);
+    let written = written["written"].as_array().expect("written").clone();
+    assert_eq!(written.len(), 6, "3 prefix and 3 header");
+    assert!(
+        registry.registry().subjects.contains_key(&format!("{}-value", setup.topic)),
+        "Python registered its schema: {:?}",
+        registry.registry().subjects.keys().collect::<Vec<_>>()
+    );
+    let ledger = Ledger::default();
+    let (running, _) = credits::start(&pool, setup.config("interop-registry"), &ledger).await;
+    let applied = eventually(Duration::from_secs(60), || async {
+        count(&pool, "SELECT count(*) FROM credits").await == 6
+    })
+    .await;
+    running.shutdown().await;
+    let parked: Vec<String> =
+        sqlx::query_scalar("SELECT reason FROM inbox_parked").fetch_all(&pool).await.expect("parked");
+    assert!(applied && parked.is_empty(), "every framed Python event applied; parked: {parked:?}");
+    for w in &written {
+        let (id, source) = (w["id"].as_str().expect("id"), w["source"].as_str().expect("source"));
+        let amount: Option<i64> = sqlx::query_scalar(
+            "SELECT c.amount FROM inbox i JOIN credits c USING (event_id) \
+             WHERE i.consumer = 'interop-registry' AND i.event_id = $1",
+        )
+        .bind(event_id_of(source, id))
+        .fetch_optional(&pool)
+        .await
+        .expect("inbox row");
+        assert_eq!(amount, w["amount"].as_i64(), "{w}");
     }
 }

@@ -56,7 +56,7 @@ async fn send_rows(
             let record = FutureRecord::to(&row.topic)
                 .key(row.aggregate_id.as_bytes())
                 .payload(row.payload.as_bytes())
-                .headers(publish::headers(row, config));
+                .headers(publish::headers(row, config, None));
             producer.send(record, Duration::from_secs(60))
         });
         acked += join_all(deliveries).await.iter().filter(|r| r.is_ok()).count();

@@ -2,11 +2,13 @@
 //! a guarantee ([invariant 12](crate::guarantees#i12)).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cleanup::Cleanup;
 use crate::error::{Error, Result};
 use crate::kafka_settings::canonical;
+use crate::schema_registry::SchemaIds;
 use crate::secrets::{redact_urls, redacted};
 
 /// How a relay runs. Every setting has a default except the brokers. Its `Debug` redacts
@@ -27,6 +29,7 @@ pub struct RelayConfig {
     pub(crate) producer: BTreeMap<String, String>,
     pub(crate) cleanup: Option<Cleanup>,
     pub(crate) claim_mode: ClaimMode,
+    pub(crate) schema_ids: Option<Arc<SchemaIds>>,
 }
 
 /// How the polling relay keeps two relays from publishing one aggregate at once: the
@@ -71,6 +74,7 @@ impl std::fmt::Debug for RelayConfig {
             .field("producer", &redacted(&self.producer))
             .field("cleanup", &self.cleanup)
             .field("claim_mode", &self.claim_mode)
+            .field("schema_ids", &self.schema_ids.as_ref().map(|ids| (ids.form(), ids.len())))
             .finish()
     }
 }
@@ -97,7 +101,21 @@ impl RelayConfig {
             producer: BTreeMap::new(),
             cleanup: Some(Cleanup::default()),
             claim_mode: ClaimMode::Lease,
+            schema_ids: None,
         }
+    }
+
+    /// Frames every record's payload in a schema registry's wire format, naming the
+    /// registered schema of its event type and version ([`SchemaIds`], resolved before the
+    /// relay starts; the relay never calls the registry): what Confluent's deserializers
+    /// (Java, Python, Go, Kafka Connect, ksqlDB) need to read the records. A row whose type
+    /// and version `ids` does not hold is failed, with a reason naming them, until they are
+    /// registered and the relay restarted (then `outbox retry`). The CloudEvents headers
+    /// stay as they are. Default: none, records are unframed CloudEvents.
+    #[must_use]
+    pub fn schema_ids(mut self, ids: impl Into<Option<SchemaIds>>) -> Self {
+        self.schema_ids = ids.into().map(Arc::new);
+        self
     }
 
     /// How rows are claimed: [`ClaimMode::Lease`] (the default) or
@@ -328,6 +346,12 @@ impl RelayConfig {
         if let Some(cleanup) = &self.cleanup {
             cleanup.validate()?;
         }
+        if self.schema_ids.as_ref().is_some_and(|ids| ids.is_empty()) {
+            return Err(Error::Config(
+                "schema_ids holds no schema: every record would be failed; give None to publish unframed"
+                    .into(),
+            ));
+        }
         Ok(())
     }
 
@@ -383,5 +407,9 @@ impl RelayConfig {
     /// See [`RelayConfig::cleanup`].
     pub fn get_cleanup(&self) -> Option<&Cleanup> {
         self.cleanup.as_ref()
+    }
+    /// See [`RelayConfig::schema_ids`].
+    pub fn get_schema_ids(&self) -> Option<&SchemaIds> {
+        self.schema_ids.as_deref()
     }
 }

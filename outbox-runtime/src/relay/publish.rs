@@ -11,6 +11,8 @@ use rdkafka::ClientConfig;
 use super::claim::{Placement, Row};
 use super::RelayConfig;
 use crate::error::{Error, Result};
+use crate::schema_registry::framing::VALUE_SCHEMA_ID_HEADER;
+use crate::schema_registry::Frame;
 
 /// Producer settings the relay's guarantees rest on; they cannot be overridden. With
 /// `enable.gapless.guarantee` a broker error that would leave a gap in a partition's
@@ -72,7 +74,9 @@ pub(crate) fn producer(brokers: &str, overrides: &BTreeMap<String, String>) -> R
 
 /// The Kafka headers of a row: CloudEvents binary mode plus the outbox's extensions and
 /// the row's extra headers.
-pub(crate) fn headers(row: &Row, config: &RelayConfig) -> OwnedHeaders {
+/// `schema_id` is the value of the `__value_schema_id` header, when the relay frames its
+/// records in that form.
+pub(crate) fn headers(row: &Row, config: &RelayConfig, schema_id: Option<&[u8]>) -> OwnedHeaders {
     let event_id = row.event_id.to_string();
     let schema_version = row.schema_version.to_string();
     let dataschema = crate::schema::schema_uri(
@@ -96,9 +100,12 @@ pub(crate) fn headers(row: &Row, config: &RelayConfig) -> OwnedHeaders {
     if let Some(v) = &aggregate_version {
         fixed.push(("ce_aggregateversion", v));
     }
-    let mut headers = OwnedHeaders::new_with_capacity(fixed.len() + 2);
+    let mut headers = OwnedHeaders::new_with_capacity(fixed.len() + 3);
     for (key, value) in fixed {
         headers = headers.insert(Header { key, value: Some(value.as_bytes()) });
+    }
+    if let Some(value) = schema_id {
+        headers = headers.insert(Header { key: VALUE_SCHEMA_ID_HEADER, value: Some(value) });
     }
     // Extra headers were validated at append time; a row edited by hand into something
     // that is not a string map still publishes, without them.
@@ -156,10 +163,40 @@ pub(crate) fn enqueue(
             code: "created_at".to_owned(),
         });
     }
+    let frame = match &config.schema_ids {
+        None => None,
+        Some(ids) => match ids.frame(&row.event_type, row.schema_version) {
+            Some(frame) => Some(frame),
+            None => {
+                return Err(Sent::Permanent {
+                    reason: format!(
+                        "no schema registry id for {} v{}: the relay frames its records ({} form) and was \
+                         started without this schema's id; register it (cargo xtask schema push), restart \
+                         the relay, then retry the event",
+                        row.event_type,
+                        row.schema_version,
+                        ids.form()
+                    ),
+                    code: "schema_id".to_owned(),
+                })
+            }
+        },
+    };
+    // librdkafka copies the payload: a framed one lives until the send returns.
+    let (framed, header) = match frame {
+        None => (None, None),
+        Some(Frame::Prefix(prefix)) => {
+            let mut value = Vec::with_capacity(prefix.len() + row.payload.len());
+            value.extend_from_slice(prefix);
+            value.extend_from_slice(row.payload.as_bytes());
+            (Some(value), None)
+        }
+        Some(Frame::Header(value)) => (None, Some(value.as_slice())),
+    };
     let record = FutureRecord::to(&row.topic)
         .key(row.aggregate_id.as_bytes())
-        .payload(row.payload.as_bytes())
-        .headers(headers(row, config));
+        .payload(framed.as_deref().unwrap_or(row.payload.as_bytes()))
+        .headers(headers(row, config, header));
     producer.send_result(record).map_err(|(error, _)| judge(&error))
 }
 
@@ -249,8 +286,10 @@ mod tests {
     }
 
     /// What an append counts for a record's headers covers what the relay sends, with the
-    /// longest `source` and `dataschema_base` a relay accepts and the largest versions: a
-    /// record an append accepted is never refused by the broker for its headers.
+    /// longest `source` and `dataschema_base` a relay accepts, the largest versions and a
+    /// schema GUID header (the header form; the prefix form adds 5 bytes to the value
+    /// instead, fewer than the header's 34): a record an append accepted is never refused
+    /// by the broker for its headers.
     #[test]
     fn the_headers_fit_in_what_an_append_counts_for_them() {
         let long = format!("urn:{}", "x".repeat(124));
@@ -271,7 +310,8 @@ mod tests {
             attempts: 0,
             work_partition: 0,
         };
-        let sent = headers(&row, &config);
+        let guid_header = crate::schema_registry::framing::guid_header([0xff; 16]);
+        let sent = headers(&row, &config, Some(&guid_header));
         let bytes: usize = sent.iter().map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len)).sum();
         let counted = row.aggregate_id.len()
             + 2 * row.event_type.len()
@@ -280,5 +320,6 @@ mod tests {
         assert!(bytes <= counted, "headers take {bytes} bytes, an append counts {counted}");
         let names: Vec<&str> = sent.iter().map(|h| h.key).collect();
         assert!(names.contains(&"ce_dataschema"), "{names:?}");
+        assert!(names.contains(&"__value_schema_id"), "{names:?}");
     }
 }

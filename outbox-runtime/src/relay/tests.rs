@@ -377,6 +377,10 @@ fn settings_that_break_a_guarantee_are_refused_whatever_name_sets_them() {
         (base().max_attempts(Some(0)), "max_attempts"),
         (base().lease_ttl(Duration::from_secs(15)).message_timeout(Duration::from_secs(10)), "lease_ttl"),
         (base().missing_topic_timeout(Duration::ZERO), "missing_topic_timeout"),
+        (
+            base().schema_ids(crate::schema_registry::SchemaIds::new(Default::default())),
+            "schema_ids holds no schema",
+        ),
     ];
     for (config, setting) in cases {
         match config.validate() {

@@ -14,7 +14,7 @@ mod keywords;
 mod problem;
 mod repo;
 
-#[cfg(all(feature = "xtask", feature = "schema-registry"))]
+#[cfg(feature = "schema-registry")]
 pub(crate) use check::committed_versions;
 pub use check::{check, check_with, CheckOptions};
 pub use compat::{

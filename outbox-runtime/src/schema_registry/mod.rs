@@ -5,6 +5,7 @@
 //! - [`framing`]: the bytes of a record whose schema a registry names (a magic byte and
 //!   the schema id before the payload, or the id in a header), read and written. Always
 //!   built: the inbox reads framed records without any client.
+//! - [`SchemaIds`]: the ids a relay frames its records with, resolved before it starts.
 //! - `Client` (feature `schema-registry`): the few endpoints `cargo xtask schema push`
 //!   and a relay that frames its records need (lookup, register, subject configuration,
 //!   compatibility with `verbose=true`, schema by id), blocking, over HTTP or HTTPS.
@@ -19,12 +20,22 @@
 
 #[cfg(feature = "schema-registry")]
 mod client;
+#[cfg(feature = "schema-registry")]
+mod committed;
+#[cfg(feature = "schema-registry")]
+mod error;
 pub mod framing;
+mod ids;
 
 #[cfg(feature = "schema-registry")]
-pub use client::{
-    Client, Compatibility, Lookup, Registered, RegistryError, AUTH_PASSWORD_VAR, AUTH_USER_VAR,
-};
+pub use client::{Client, Compatibility, Lookup, Registered, AUTH_PASSWORD_VAR, AUTH_USER_VAR};
+#[cfg(feature = "schema-registry")]
+pub use committed::{committed_schemas, CommittedSchema};
+#[cfg(feature = "schema-registry")]
+pub use error::RegistryError;
+#[cfg(feature = "runtime")]
+pub(crate) use ids::Frame;
+pub use ids::{SchemaIdForm, SchemaIds};
 
 /// `<topic>-<title>`: Confluent's `TopicRecordNameStrategy` for JSON Schema, whose record
 /// name is the schema's `title`.

@@ -5,10 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
-use serde_json::Value;
 
-use crate::schema::{self, compare_with, CheckReport, Judge, Mode, Policy, SchemaDoc};
-use crate::schema_registry::{subject_name, Client, Lookup, RegistryError, TOPIC_RECORD_SUBJECT};
+use crate::schema::{compare_with, Judge, Mode, Policy, SchemaDoc};
+use crate::schema_registry::{committed_schemas, Client, Lookup, RegistryError, TOPIC_RECORD_SUBJECT};
 
 /// `schema push --registry URL [--subject TEMPLATE] [--compatibility LEVEL] [--policy P] [--dry-run]`.
 #[derive(Debug, Clone, Args)]
@@ -97,48 +96,19 @@ pub(super) fn push(dir: &Path, args: &PushArgs, judge: Judge) -> ExitCode {
 
 /// The committed files in order (event type, then version), each with its subject.
 fn plan(dir: &Path, template: &str) -> Result<Vec<Item>, String> {
-    let mut report = CheckReport::default();
-    let committed = schema::committed_versions(dir, &mut report);
-    if !report.problems.is_empty() {
-        return Err(report.to_string().trim_end().trim_start_matches("error: ").to_owned());
-    }
-    if committed.is_empty() {
-        return Err(format!("{}: no committed schemas (<event_type>/v<N>.json)", dir.display()));
-    }
-    let mut items = Vec::new();
-    for (event_type, versions) in committed {
-        for version in versions {
-            let path = schema::schema_path(dir, &event_type, version);
-            let doc = SchemaDoc::from_file(&path).map_err(|e| e.to_string())?;
-            let meta = doc.root().get("x-outbox");
-            let text_of = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
-            let topic = text_of(meta.and_then(|m| m.get("topic")));
-            let title = text_of(doc.root().get("title"));
-            let need = |placeholder: &str, value: &Option<String>, what: &str| {
-                if template.contains(placeholder) && value.is_none() {
-                    Err(format!(
-                        "{}: the subject template {template:?} needs {what}, which this file lacks",
-                        path.display()
-                    ))
-                } else {
-                    Ok(())
-                }
-            };
-            need("{topic}", &topic, "x-outbox.topic")?;
-            need("{title}", &title, "a title")?;
-            let subject = subject_name(
-                template,
-                topic.as_deref().unwrap_or(""),
-                title.as_deref().unwrap_or(""),
-                &event_type,
-                version,
-            )?;
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
-            items.push(Item { path, text, subject, label: format!("{event_type} v{version}") });
-        }
-    }
-    Ok(items)
+    Ok(committed_schemas(dir, template)
+        .map_err(|e| match e {
+            RegistryError::Config { reason, .. } => reason,
+            other => other.to_string(),
+        })?
+        .into_iter()
+        .map(|f| Item {
+            label: format!("{} v{}", f.event_type, f.version),
+            path: f.path,
+            text: f.text,
+            subject: f.subject,
+        })
+        .collect())
 }
 
 fn push_one(client: &Client, item: &Item, args: &PushArgs, judge: Judge) -> Result<Outcome, RegistryError> {

@@ -2,6 +2,7 @@
 //! it), and durations as operators type them.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -168,6 +169,29 @@ pub(crate) struct RelayArgs {
     pub(crate) backfill: bool,
     #[command(flatten)]
     pub(crate) slot: crate::cdc::SlotArgs,
+    #[command(flatten)]
+    pub(crate) schema_ids: SchemaIdArgs,
+}
+
+/// Framing records in a schema registry's wire format (`RelayConfig::schema_ids`).
+#[derive(Args)]
+pub(crate) struct SchemaIdArgs {
+    /// Frame each record with its schema's id in this registry (Confluent's REST API),
+    /// for consumers that read with a registry's deserializers. Every committed schema
+    /// (--schemas) is looked up once, at start (register them with `cargo xtask schema
+    /// push`); credentials from OUTBOX_SCHEMA_REGISTRY_USER and _PASSWORD.
+    #[arg(long = "schema-registry", value_name = "URL")]
+    pub(crate) registry: Option<String>,
+    /// Where the id goes: `prefix` (magic byte 0 and the id before the payload) or
+    /// `header` (the `__value_schema_id` header: the schema's GUID, or its id).
+    #[arg(long, default_value = "prefix", value_name = "prefix|header", requires = "registry")]
+    pub(crate) schema_id_form: outbox_runtime::schema_registry::SchemaIdForm,
+    /// The committed schemas (`<event_type>/v<N>.json`).
+    #[arg(long, default_value = "schemas", value_name = "DIR", requires = "registry")]
+    pub(crate) schemas: PathBuf,
+    /// The subject of each schema, as `cargo xtask schema push --subject` names it.
+    #[arg(long, default_value = outbox_runtime::schema_registry::TOPIC_RECORD_SUBJECT, requires = "registry")]
+    pub(crate) schema_subject: String,
 }
 
 #[derive(Subcommand)]

@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use outbox_runtime::inbox::InboxAdmin;
 use outbox_runtime::ops::{InboxSide, ReplayFilter, RetryTarget};
 use outbox_runtime::relay::{ClaimMode, Cleanup, Relay, RelayConfig};
+use outbox_runtime::schema_registry::{Client, RegistryError, SchemaIds};
 use outbox_runtime::secrets::redact_urls;
 use outbox_runtime::sqlx::postgres::PgPoolOptions;
 use outbox_runtime::sqlx::PgPool;
@@ -14,7 +15,7 @@ use uuid::Uuid;
 
 use crate::act::{self, Target};
 use crate::args::{
-    ActionArgs, Cli, Command, FailedCommand, InboxArgs, InboxCommand, ReconcileArgs, RelayArgs,
+    ActionArgs, Cli, Command, FailedCommand, InboxArgs, InboxCommand, ReconcileArgs, RelayArgs, SchemaIdArgs,
 };
 use crate::{fail, hint, render, Fail};
 
@@ -233,7 +234,8 @@ pub(crate) async fn relay(
         .missing_topic_timeout(args.missing_topic_timeout.0)
         .source(args.source)
         .dataschema_base(args.dataschema_base)
-        .cleanup(cleanup);
+        .cleanup(cleanup)
+        .schema_ids(schema_ids(args.schema_ids).await?);
     let config = if args.hold_locks { config.claim_mode(ClaimMode::HoldLocks) } else { config };
     let shutdown = CancellationToken::new();
     outbox_runtime::signal::cancel_on_signal(shutdown.clone());
@@ -247,6 +249,30 @@ pub(crate) async fn relay(
     let relay = Relay::new(pool, outbox, config)?;
     relay.run(shutdown).await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The registry ids of the committed schemas, looked up once, before the relay starts.
+async fn schema_ids(args: SchemaIdArgs) -> Result<Option<SchemaIds>, Fail> {
+    let Some(url) = args.registry else { return Ok(None) };
+    let resolved = tokio::task::spawn_blocking(move || {
+        let client = Client::from_env(&url)?;
+        let ids = SchemaIds::resolve(&client, &args.schemas, &args.schema_subject, args.schema_id_form)?;
+        Ok::<_, RegistryError>((client.url().to_owned(), ids))
+    })
+    .await
+    .map_err(|e| fail(3, format!("resolving the schema ids: {e}")))?;
+    match resolved {
+        Ok((url, ids)) => {
+            eprintln!("outbox: {} schema ids from {url}, framed in the {} form", ids.len(), ids.form());
+            Ok(Some(ids))
+        }
+        Err(
+            e @ (RegistryError::BadUrl { .. }
+            | RegistryError::Config { .. }
+            | RegistryError::NotRegistered { .. }),
+        ) => Err(fail(2, e.to_string())),
+        Err(e) => Err(fail(3, e.to_string())),
+    }
 }
 
 pub(crate) async fn reconcile(outbox: &Outbox, pool: &PgPool, args: ReconcileArgs) -> Result<ExitCode, Fail> {
