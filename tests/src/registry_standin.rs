@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use outbox_runtime::schema::{compare_with, Judge, Mode, Policy, SchemaDoc, Semantics};
+use outbox_runtime::schema::{compare_with, Judge, Level, Policy, SchemaDoc, Semantics};
 use serde_json::{json, Value};
 
 /// What the stand-in holds.
@@ -46,8 +46,6 @@ pub struct StandIn {
 
 /// The level of a subject without one of its own.
 pub const GLOBAL_LEVEL: &str = "BACKWARD";
-const LEVELS: [&str; 7] =
-    ["NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE"];
 
 impl StandIn {
     /// Starts one with no credentials required.
@@ -190,18 +188,12 @@ fn level_of(registry: &Registry, subject: &str) -> (String, Policy) {
 /// Why `schema` may not follow the subject's versions under its level (empty: it may).
 fn incompatibilities(registry: &Registry, subject: &str, schema: &str, latest_only: bool) -> Vec<String> {
     let (level, policy) = level_of(registry, subject);
-    let mode = match level.split('_').next() {
-        Some("BACKWARD") => Mode::Backward,
-        Some("FORWARD") => Mode::Forward,
-        Some("FULL") => Mode::Full,
-        _ => return Vec::new(),
+    let Some(Level { mode: Some(mode), transitive, .. }) = Level::from_name(&level) else {
+        return Vec::new();
     };
     let ids = registry.subjects.get(subject).cloned().unwrap_or_default();
-    let against: Vec<u32> = if latest_only || !level.ends_with("_TRANSITIVE") {
-        ids.last().copied().into_iter().collect()
-    } else {
-        ids
-    };
+    let against: Vec<u32> =
+        if latest_only || !transitive { ids.last().copied().into_iter().collect() } else { ids };
     let Ok(new) = SchemaDoc::from_str("new", schema) else { return vec!["invalid schema".to_owned()] };
     let judge = Judge::new(Semantics::JsonSchema, policy);
     let mut out = Vec::new();
@@ -328,7 +320,7 @@ async fn put_config(
 ) -> Answer {
     let mut registry = enter(&state, &headers, format!("PUT /config/{subject}"))?;
     let level = body.get("compatibility").and_then(Value::as_str).unwrap_or_default().to_owned();
-    if !LEVELS.contains(&level.as_str()) {
+    if Level::from_name(&level).is_none() {
         return Err(error(
             StatusCode::UNPROCESSABLE_ENTITY,
             42203,

@@ -1,31 +1,15 @@
 //! `cargo xtask schema ...` as a user runs it: exit codes and what it prints.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
+
+mod common;
+
+use common::{committed, copy_dir, text};
 
 fn xtask(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_xtask")).args(args).output().expect("xtask runs")
-}
-
-fn text(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
-}
-
-fn committed() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../schemas")
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).expect("mkdir");
-    for entry in fs::read_dir(from).expect("read dir").map(|e| e.expect("entry")) {
-        let target = to.join(entry.file_name());
-        if entry.path().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            fs::copy(entry.path(), target).expect("copy");
-        }
-    }
 }
 
 fn write(dir: &Path, name: &str, body: &str) -> String {

@@ -3,8 +3,11 @@
 //! registry server can be installed here).
 
 use std::fs;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+mod common;
+
+use common::{committed, copy_dir, text};
 
 use outbox_tests::registry_standin::StandIn;
 
@@ -27,26 +30,6 @@ fn push(args: &[&str], env: &[(&str, &str)]) -> Output {
         command.env(k, v);
     }
     command.output().expect("xtask runs")
-}
-
-fn text(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
-}
-
-fn committed() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../schemas")
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    fs::create_dir_all(to).expect("mkdir");
-    for entry in fs::read_dir(from).expect("read dir").map(|e| e.expect("entry")) {
-        let target = to.join(entry.file_name());
-        if entry.path().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            fs::copy(entry.path(), target).expect("copy");
-        }
-    }
 }
 
 #[test]

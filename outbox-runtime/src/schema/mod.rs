@@ -19,7 +19,7 @@ pub(crate) use check::committed_versions;
 pub use check::{check, check_with, CheckOptions};
 pub use compat::{
     compare, compare_transitive, compare_transitive_with, compare_with, Direction, Incompatibility, Judge,
-    Mode, Policy, Report, Rule, Semantics,
+    Level, Mode, Policy, Report, Rule, Semantics,
 };
 pub use dialect::Dialect;
 pub use document::{InputError, SchemaDoc};

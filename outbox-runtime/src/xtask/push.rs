@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::schema::{compare_with, Judge, Mode, Policy, SchemaDoc};
+use crate::schema::{compare_with, Judge, Level, Policy, SchemaDoc};
 use crate::schema_registry::{committed_schemas, Client, Lookup, RegistryError, TOPIC_RECORD_SUBJECT};
 
 /// `schema push --registry URL [--subject TEMPLATE] [--compatibility LEVEL] [--policy P] [--dry-run]`.
@@ -27,7 +27,7 @@ pub struct PushArgs {
     pub subject: String,
     /// The compatibility level set on a subject before its first registration (a subject
     /// that exists keeps its own).
-    #[arg(long, default_value = "FULL", value_parser = ["NONE", "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE"])]
+    #[arg(long, default_value = "FULL", value_parser = Level::NAMES)]
     pub compatibility: String,
     /// The compatibility policy set with it (strict, the registry's default, or lenient),
     /// and the one our verdict predicts.
@@ -176,11 +176,8 @@ fn describe(judge: Judge) -> String {
 
 /// Our verdict on the file against the subject's latest version under its level.
 fn our_verdict(client: &Client, item: &Item, level: &str, judge: Judge) -> Result<String, RegistryError> {
-    let mode = match level.split('_').next() {
-        Some("BACKWARD") => Mode::Backward,
-        Some("FORWARD") => Mode::Forward,
-        Some("FULL") => Mode::Full,
-        _ => return Ok(format!("not judged (level {level})")),
+    let Some(mode) = Level::from_name(level).and_then(|l| l.mode) else {
+        return Ok(format!("not judged (level {level})"));
     };
     let latest = client.latest(&item.subject)?;
     let name = format!("{} version {}", item.subject, latest.version);

@@ -128,11 +128,26 @@ pub(crate) fn raw_headers_json(headers: &[RawHeader]) -> Value {
     Value::Array(headers.iter().map(RawHeader::to_json).collect())
 }
 
-/// Headers as text by name, and the problems that make the record unreadable.
-fn text_headers(raw: &[RawHeader]) -> (BTreeMap<String, String>, Vec<String>) {
+/// Headers as text by name, the problems that make the record unreadable, and the value
+/// of the `__value_schema_id` header (a schema registry's id of the value's schema, not
+/// text) when there is one: repeated with different values, it is a problem.
+fn text_headers(raw: &[RawHeader]) -> (BTreeMap<String, String>, Vec<String>, Option<&[u8]>) {
     let mut headers = BTreeMap::new();
     let mut problems = Vec::new();
+    let mut schema_id: Option<&[u8]> = None;
     for (index, h) in raw.iter().enumerate() {
+        if let (Some(name), Some(value)) = (h.name.as_deref(), h.value.as_deref()) {
+            if name == VALUE_SCHEMA_ID_HEADER.as_bytes() {
+                match schema_id {
+                    None => schema_id = Some(value),
+                    Some(first) if first != value => problems.push(format!(
+                        "header {VALUE_SCHEMA_ID_HEADER} appears more than once with different values"
+                    )),
+                    Some(_) => {}
+                }
+                continue;
+            }
+        }
         let Some(name_bytes) = &h.name else {
             problems.push(format!("header #{index} has a name that is not UTF-8"));
             continue;
@@ -167,21 +182,7 @@ fn text_headers(raw: &[RawHeader]) -> (BTreeMap<String, String>, Vec<String>) {
             }
         }
     }
-    (headers, problems)
-}
-
-/// The value of the `__value_schema_id` header (a schema registry's id of the value's
-/// schema), when the record has one; the header repeated with different values is a problem.
-fn schema_id_header<'a>(raw: &'a [RawHeader], problems: &mut Vec<String>) -> Option<&'a [u8]> {
-    let name = VALUE_SCHEMA_ID_HEADER.as_bytes();
-    let mut values =
-        raw.iter().filter(|h| h.name.as_deref() == Some(name)).filter_map(|h| h.value.as_deref());
-    let first = values.next()?;
-    if values.any(|v| v != first) {
-        problems
-            .push(format!("header {VALUE_SCHEMA_ID_HEADER} appears more than once with different values"));
-    }
-    Some(first)
+    (headers, problems, schema_id)
 }
 
 /// A consumed record as the inbox keeps it until a worker reads it: detached from the
@@ -241,7 +242,7 @@ impl Received {
     /// copies (the headers as text; in structured mode the event's data, at most the value
     /// again) and a fixed amount of bookkeeping.
     pub(crate) fn size(&self) -> usize {
-        let mut structured = false;
+        let (mut structured, mut schema_header) = (false, false);
         let headers: usize = self
             .headers
             .iter()
@@ -253,6 +254,7 @@ impl Received {
                         .trim_ascii_start()
                         .get(..STRUCTURED_PREFIX.len())
                         .is_some_and(|p| p.eq_ignore_ascii_case(STRUCTURED_PREFIX));
+                schema_header |= name == VALUE_SCHEMA_ID_HEADER.as_bytes();
                 2 * (name.len() + value.len()) + 64
             })
             .sum();
@@ -264,7 +266,7 @@ impl Received {
             .as_ref()
             .and_then(|p| p.first())
             .is_some_and(|b| matches!(*b, MAGIC_ID | MAGIC_GUID))
-            || self.headers.iter().any(|h| h.name.as_deref() == Some(VALUE_SCHEMA_ID_HEADER.as_bytes()));
+            || schema_header;
         self.topic.len()
             + self.key.as_ref().map_or(0, Vec::len)
             + if structured || framed { 2 * payload } else { payload }
@@ -291,8 +293,7 @@ impl Incoming {
         payload: Option<Vec<u8>>,
         raw_headers: Vec<RawHeader>,
     ) -> Incoming {
-        let (headers, mut problems) = text_headers(&raw_headers);
-        let schema_header = schema_id_header(&raw_headers, &mut problems);
+        let (headers, problems, schema_header) = text_headers(&raw_headers);
         let null_value = payload.is_none();
         let payload = payload.unwrap_or_default();
         let read = read_meta(&Parts {

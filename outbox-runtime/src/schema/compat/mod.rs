@@ -87,6 +87,47 @@ impl FromStr for Mode {
     }
 }
 
+/// A schema registry's compatibility level, by Confluent's names (`BACKWARD`,
+/// `FULL_TRANSITIVE`, `NONE`, ...): the mode it checks, if any, and whether against every
+/// earlier version of the subject or the latest only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Level {
+    /// The mode; `None` for `NONE`.
+    pub mode: Option<Mode>,
+    /// Every earlier version (`_TRANSITIVE`), not the latest only.
+    pub transitive: bool,
+}
+
+impl Level {
+    /// The seven level names a registry accepts.
+    pub const NAMES: [&'static str; 7] = [
+        "NONE",
+        "BACKWARD",
+        "BACKWARD_TRANSITIVE",
+        "FORWARD",
+        "FORWARD_TRANSITIVE",
+        "FULL",
+        "FULL_TRANSITIVE",
+    ];
+
+    /// The level named `name` (one of [`Level::NAMES`]); `None` for any other.
+    pub fn from_name(name: &str) -> Option<Level> {
+        let (base, transitive) = match name.strip_suffix("_TRANSITIVE") {
+            Some(base) => (base, true),
+            None => (name, false),
+        };
+        let mode = match base {
+            "NONE" if !transitive => None,
+            "BACKWARD" => Some(Mode::Backward),
+            "FORWARD" => Some(Mode::Forward),
+            "FULL" => Some(Mode::Full),
+            _ => return None,
+        };
+        Some(Level { mode, transitive })
+    }
+}
+
 /// One direction of reading.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Direction {

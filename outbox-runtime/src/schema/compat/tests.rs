@@ -320,3 +320,24 @@ fn bad_input_names_the_source() {
     let remote = SchemaDoc::from_str("e.json", r#"{ "$ref": "https://example.com/s.json" }"#).unwrap_err();
     assert!(matches!(remote, crate::schema::InputError::UnresolvableRef { .. }));
 }
+
+#[test]
+fn registry_level_names_parse_to_a_mode_and_transitivity() {
+    let parsed: Vec<_> =
+        Level::NAMES.iter().map(|n| Level::from_name(n).map(|l| (l.mode, l.transitive))).collect();
+    assert_eq!(
+        parsed,
+        [
+            Some((None, false)),
+            Some((Some(Mode::Backward), false)),
+            Some((Some(Mode::Backward), true)),
+            Some((Some(Mode::Forward), false)),
+            Some((Some(Mode::Forward), true)),
+            Some((Some(Mode::Full), false)),
+            Some((Some(Mode::Full), true)),
+        ]
+    );
+    for other in ["NONE_TRANSITIVE", "backward", "FULL_", "_TRANSITIVE", ""] {
+        assert_eq!(Level::from_name(other), None, "{other:?}");
+    }
+}
