@@ -73,8 +73,9 @@ def committed_schemas(directory):
     return by_id
 
 
-def consume(bootstrap, topic, schemas_dir, wanted):
-    schemas = committed_schemas(schemas_dir)
+def read_records(bootstrap, topic, wanted, read_one):
+    """Reads TOPIC until a record of each wanted event id (its ce_id header) is read, within
+    120 s; read_one(message, headers, event_id) makes each one's report. Prints the reports."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -91,12 +92,23 @@ def consume(bootstrap, topic, schemas_dir, wanted):
         message = consumer.poll(1.0)
         if message is None or message.error():
             continue
-        headers = {k: v for k, v in (message.headers() or [])}
-        event_id = (headers.get("ce_id") or b"").decode()
-        if event_id not in wanted:
-            continue
+        headers = message.headers() or []
+        event_id = (dict(headers).get("ce_id") or b"").decode()
+        if event_id in wanted:
+            seen[event_id] = read_one(message, headers, event_id)
+    consumer.close()
+    missing = sorted(wanted - seen.keys())
+    if missing:
+        fail("records not found", missing=missing)
+    print(json.dumps({"ok": True, "checked": len(seen), "records": seen}))
+
+
+def consume(bootstrap, topic, schemas_dir, wanted):
+    schemas = committed_schemas(schemas_dir)
+
+    def read_one(message, headers, event_id):
         event = kafka.from_binary(
-            kafka.KafkaMessage(headers=headers, key=message.key(), value=message.value()),
+            kafka.KafkaMessage(headers=dict(headers), key=message.key(), value=message.value()),
             FORMAT,
         )
         dataschema = event.get_dataschema()
@@ -112,18 +124,15 @@ def consume(bootstrap, topic, schemas_dir, wanted):
             jsonschema.Draft202012Validator(document).validate(event.get_data())
         except jsonschema.ValidationError as error:
             fail("data does not validate against the committed schema", event_id=event_id, error=error.message)
-        seen[event_id] = {
+        return {
             "type": event.get_type(),
             "source": event.get_source(),
             "dataschema": dataschema,
             "schema": str(path.relative_to(schemas_dir)),
             "partition": message.partition(),
         }
-    consumer.close()
-    missing = sorted(wanted - seen.keys())
-    if missing:
-        fail("records not found", missing=missing)
-    print(json.dumps({"ok": True, "checked": len(seen), "records": seen}))
+
+    read_records(bootstrap, topic, wanted, read_one)
 
 
 def produce(bootstrap, topic, count):
@@ -177,42 +186,21 @@ def consume_registry(bootstrap, topic, registry_url, wanted):
         schema_registry_client=SchemaRegistryClient({"url": registry_url}),
         conf={**TOPIC_SUBJECTS, "schema.id.deserializer": recording},
     )
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"interop-{uuid.uuid4()}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.subscribe([topic])
-    wanted = set(wanted)
-    seen = {}
-    deadline = time.monotonic() + 120
-    while wanted - seen.keys() and time.monotonic() < deadline:
-        message = consumer.poll(1.0)
-        if message is None or message.error():
-            continue
-        headers = message.headers() or []
-        event_id = (dict(headers).get("ce_id") or b"").decode()
-        if event_id not in wanted:
-            continue
+
+    def read_one(message, headers, event_id):
         read.clear()
         try:
             data = deserializer(message.value(), SerializationContext(topic, MessageField.VALUE, headers))
         except (SerializationError, SchemaRegistryError) as error:
             fail("the registry's deserializer refused a record", event_id=event_id, error=str(error))
-        seen[event_id] = {
+        return {
             "framing": "header" if any(k == "__value_schema_id" for k, _ in headers) else "prefix",
             "schema_id": read.get("id"),
             "schema_guid": read.get("guid"),
             "data": data,
         }
-    consumer.close()
-    missing = sorted(wanted - seen.keys())
-    if missing:
-        fail("records not found", missing=missing)
-    print(json.dumps({"ok": True, "checked": len(seen), "records": seen}))
+
+    read_records(bootstrap, topic, wanted, read_one)
 
 
 CREDIT_SCHEMA = json.dumps(

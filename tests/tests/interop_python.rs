@@ -50,6 +50,35 @@ fn python(args: &[&str]) -> Value {
     report
 }
 
+/// Runs an inbox of `consumer` over the credits Python `written`, and checks that each was
+/// applied once, kept with its own id and amount, and nothing parked.
+async fn applied_once(pool: &PgPool, setup: &credits::Setup, consumer: &str, written: &[Value]) {
+    let ledger = Ledger::default();
+    let (running, _) = credits::start(pool, setup.config(consumer), &ledger).await;
+    let want = written.len() as i64;
+    let applied = eventually(Duration::from_secs(60), || async {
+        count(pool, "SELECT count(*) FROM credits").await == want
+    })
+    .await;
+    running.shutdown().await;
+    let parked: Vec<String> =
+        sqlx::query_scalar("SELECT reason FROM inbox_parked").fetch_all(pool).await.expect("parked");
+    assert!(applied && parked.is_empty(), "every Python event applied; parked: {parked:?}");
+    for w in written {
+        let (id, source) = (w["id"].as_str().expect("id"), w["source"].as_str().expect("source"));
+        let kept: Option<(Option<String>, i64)> = sqlx::query_as(
+            "SELECT i.ce_id, c.amount FROM inbox i JOIN credits c USING (event_id) \
+             WHERE i.consumer = $2 AND i.event_id = $1",
+        )
+        .bind(event_id_of(source, id))
+        .bind(consumer)
+        .fetch_optional(pool)
+        .await
+        .expect("inbox row");
+        assert_eq!(kept, Some((Some(id.to_owned()), w["amount"].as_i64().expect("amount"))), "{w}");
+    }
+}
+
 #[sqlx::test(migrations = false)]
 #[ignore = "needs OUTBOX_INTEROP_PYTHON (a Python with tests/interop/requirements.txt); .ci/run runs it"]
 async fn python_clients_read_what_the_relay_writes_and_feed_the_inbox(pool: PgPool) {
@@ -89,28 +118,7 @@ async fn python_clients_read_what_the_relay_writes_and_feed_the_inbox(pool: PgPo
     let written = python(&["produce", kafka.bootstrap(), &setup.topic, "3"]);
     let written = written["written"].as_array().expect("written").clone();
     assert_eq!(written.len(), 6, "3 binary and 3 structured");
-    let ledger = Ledger::default();
-    let (running, _) = credits::start(&pool, setup.config("interop-python"), &ledger).await;
-    let applied = eventually(Duration::from_secs(60), || async {
-        count(&pool, "SELECT count(*) FROM credits").await == 6
-    })
-    .await;
-    running.shutdown().await;
-    let parked: Vec<String> =
-        sqlx::query_scalar("SELECT reason FROM inbox_parked").fetch_all(&pool).await.expect("parked");
-    assert!(applied && parked.is_empty(), "every Python event applied; parked: {parked:?}");
-    for w in &written {
-        let (id, source) = (w["id"].as_str().expect("id"), w["source"].as_str().expect("source"));
-        let kept: Option<(Option<String>, i64)> = sqlx::query_as(
-            "SELECT i.ce_id, c.amount FROM inbox i JOIN credits c USING (event_id) \
-             WHERE i.consumer = 'interop-python' AND i.event_id = $1",
-        )
-        .bind(event_id_of(source, id))
-        .fetch_optional(&pool)
-        .await
-        .expect("inbox row");
-        assert_eq!(kept, Some((Some(id.to_owned()), w["amount"].as_i64().expect("amount"))), "{w}");
-    }
+    applied_once(&pool, &setup, "interop-python", &written).await;
 }
 
 #[sqlx::test(migrations = false)]
@@ -189,26 +197,5 @@ async fn python_registry_clients_read_the_relays_framed_records_and_frame_what_t
         "Python registered its schema: {:?}",
         registry.registry().subjects.keys().collect::<Vec<_>>()
     );
-    let ledger = Ledger::default();
-    let (running, _) = credits::start(&pool, setup.config("interop-registry"), &ledger).await;
-    let applied = eventually(Duration::from_secs(60), || async {
-        count(&pool, "SELECT count(*) FROM credits").await == 6
-    })
-    .await;
-    running.shutdown().await;
-    let parked: Vec<String> =
-        sqlx::query_scalar("SELECT reason FROM inbox_parked").fetch_all(&pool).await.expect("parked");
-    assert!(applied && parked.is_empty(), "every framed Python event applied; parked: {parked:?}");
-    for w in &written {
-        let (id, source) = (w["id"].as_str().expect("id"), w["source"].as_str().expect("source"));
-        let amount: Option<i64> = sqlx::query_scalar(
-            "SELECT c.amount FROM inbox i JOIN credits c USING (event_id) \
-             WHERE i.consumer = 'interop-registry' AND i.event_id = $1",
-        )
-        .bind(event_id_of(source, id))
-        .fetch_optional(&pool)
-        .await
-        .expect("inbox row");
-        assert_eq!(amount, w["amount"].as_i64(), "{w}");
-    }
+    applied_once(&pool, &setup, "interop-registry", &written).await;
 }
