@@ -408,6 +408,8 @@ fn can_read(writer: &SchemaDoc, reader: &SchemaDoc) -> Vec<Finding> {
 }
 
 #[cfg(test)]
+mod confluent_tests;
+#[cfg(test)]
 mod structure_tests;
 #[cfg(test)]
 mod tests;
