@@ -110,6 +110,10 @@ const UNSOUND_IN_CONFLUENT: [&str; 13] = [
     "oneOf_duplicate_branch_collapsed",
 ];
 
+/// Compatible, passed by Confluent, and not proved by us: `not` beside `not` (the reader's
+/// may refuse only what the writer's refuses) is judged `cannot-prove`.
+const NOT_PROVED: [&str; 1] = ["not_narrowed"];
+
 /// `names` in the corpus's order.
 fn in_corpus_order(names: &[&str]) -> Vec<String> {
     let corpus: Vec<Value> = serde_json::from_str(include_str!("confluent_corpus.json")).expect("the corpus");
@@ -125,6 +129,7 @@ fn in_corpus_order(names: &[&str]) -> Vec<String> {
 fn strict_verdicts_beside_confluents() {
     let refused_by_us: Vec<&str> = UNSOUND_IN_CONFLUENT
         .iter()
+        .chain(&NOT_PROVED)
         .copied()
         .chain(["propertyNames_narrowed_ignored_draft7", "draft4_exclusiveMaximum_boolean_ignored"])
         .collect();
@@ -149,6 +154,7 @@ fn lenient_verdicts_beside_confluents() {
         .collect();
     let refused_by_us: Vec<&str> = UNSOUND_IN_CONFLUENT
         .iter()
+        .chain(&NOT_PROVED)
         .copied()
         .chain([
             "open_model_add_required_property_with_default",
