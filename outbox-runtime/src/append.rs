@@ -18,6 +18,14 @@ use crate::OutboxEvent;
 /// frame, ...) when an append checks the record size.
 pub const RESERVED_HEADER_BYTES: usize = 768;
 
+/// A schema registry's schema id header (`__value_schema_id`, `__key_schema_id`): the
+/// relay's to write when it frames records; an extra header of that name would be read as
+/// the record's schema by Confluent's deserializers.
+pub(crate) fn is_schema_id(name: &str) -> bool {
+    use crate::schema_registry::framing::{KEY_SCHEMA_ID_HEADER, VALUE_SCHEMA_ID_HEADER};
+    name == VALUE_SCHEMA_ID_HEADER || name == KEY_SCHEMA_ID_HEADER
+}
+
 /// Options of one append.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AppendOptions {
@@ -48,7 +56,7 @@ impl AppendOptions {
         self
     }
 
-    /// An extra Kafka header. Names starting with `ce_` and `content-type` are reserved.
+    /// An extra Kafka header. Names starting with `ce_`, `content-type`, `__value_schema_id` and `__key_schema_id` are reserved.
     #[must_use]
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.insert(name.into(), value.into());
@@ -96,11 +104,9 @@ impl NewEvent {
         };
         let payload = serde_json::to_string(event)
             .map_err(|source| Error::Serialize { event_type: E::EVENT_TYPE, source })?;
-        if let Some(reserved) = options
-            .headers
-            .keys()
-            .find(|name| name.starts_with("ce_") || name.eq_ignore_ascii_case("content-type"))
-        {
+        if let Some(reserved) = options.headers.keys().find(|name| {
+            name.starts_with("ce_") || name.eq_ignore_ascii_case("content-type") || is_schema_id(name)
+        }) {
             return Err(Error::ReservedHeader(reserved.clone()));
         }
         let aggregate_id = event.aggregate_id();

@@ -41,7 +41,7 @@ pub enum Error {
         max: usize,
     },
     /// An extra header uses a name the outbox sets itself.
-    #[error("header {0:?} is reserved: the outbox sets ce_* and content-type headers itself")]
+    #[error("header {0:?} is reserved: the outbox sets ce_*, content-type and schema id (__value_schema_id, __key_schema_id) headers itself")]
     ReservedHeader(String),
     /// The outbox is nearly full and the event is not critical: it was not appended (nor
     /// was anything else of the same `append_batch`). The caller's transaction is intact.

@@ -145,8 +145,17 @@ async fn reserved_headers_are_refused_and_extra_headers_stored(pool: PgPool) {
             .expect_err("reserved");
     assert_eq!(
         err.to_string(),
-        "header \"ce_id\" is reserved: the outbox sets ce_* and content-type headers itself"
+        "header \"ce_id\" is reserved: the outbox sets ce_*, content-type and schema id (__value_schema_id, \
+         __key_schema_id) headers itself"
     );
+    for name in ["__value_schema_id", "__key_schema_id", "content-type"] {
+        let refused =
+            NewEvent::new(&Blob { id: 1, data: String::new() }, AppendOptions::default().header(name, "x"));
+        assert!(
+            matches!(refused, Err(outbox_runtime::Error::ReservedHeader(ref n)) if n == name),
+            "{name}: {refused:?}"
+        );
+    }
     let mut tx = pool.begin().await.expect("begin");
     outbox
         .append_with(

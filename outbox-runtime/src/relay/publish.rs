@@ -110,7 +110,9 @@ pub(crate) fn headers(row: &Row, config: &RelayConfig, schema_id: Option<&[u8]>)
     // Extra headers were validated at append time; a row edited by hand into something
     // that is not a string map still publishes, without them.
     if let Ok(extra) = serde_json::from_str::<BTreeMap<String, String>>(&row.headers) {
-        for (key, value) in &extra {
+        // A schema id header written into a row by hand is left out: it would name a schema
+        // the relay did not choose (appends refuse the name).
+        for (key, value) in extra.iter().filter(|(key, _)| !crate::append::is_schema_id(key)) {
             headers = headers.insert(Header { key, value: Some(value.as_bytes()) });
         }
     }
