@@ -178,7 +178,9 @@ async fn a_row_whose_schema_has_no_id_is_failed_with_a_reason_naming_it(pool: Pg
         .iter()
         .filter(|r| r.headers.get("ce_id").is_some_and(|id| *id == placed || *id == confirmed))
         .collect();
-    assert_eq!(ours.len(), 1, "only the placed event was sent");
-    assert_eq!(ours[0].headers.get("ce_id"), Some(&placed));
-    assert_eq!(ours[0].raw_value[..5], [0, 0, 0, 0, 41]);
+    assert!(!ours.is_empty(), "the placed event was sent");
+    for record in ours {
+        assert_eq!(record.headers.get("ce_id"), Some(&placed), "only the placed event was sent");
+        assert_eq!(record.raw_value[..5], [0, 0, 0, 0, 41]);
+    }
 }
