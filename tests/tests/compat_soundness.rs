@@ -26,3 +26,15 @@ fn no_compatible_verdict_has_a_counterexample_and_every_schema_reads_itself() {
     assert_eq!(verdict.by_dialect.len(), 5, "seed {seed}: every dialect generated");
     assert!(verdict.ok(), "seed {seed}: {verdict:#?}");
 }
+
+/// Seeds that once failed, kept: an `anyOf` whose branches lower `exclusiveMaximum`
+/// without a `maximum` (the registry emulation once called that the registry failing, on
+/// a schema beside an annotated copy of itself), and a writer without `$schema` using
+/// `unevaluatedProperties` (draft-07 to registries, and now to the second implementation).
+#[test]
+fn seeds_that_once_failed_stay_fixed() {
+    for seed in [1_796_530_141_417_686_617, 1_796_530_223_015_694_489] {
+        let verdict = compat_fuzz::run(600, seed);
+        assert!(verdict.ok(), "seed {seed}: {verdict:#?}");
+    }
+}

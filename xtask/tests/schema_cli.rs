@@ -131,6 +131,46 @@ fn compat_judges_by_the_semantics_and_policy_asked_for() {
     assert!(text(&out).contains("--policy lenient predicts a schema registry's verdict"), "{}", text(&out));
 }
 
+/// Under json-schema semantics a file without `$schema` is draft-07, as a registry reads
+/// it (a tuple `items` is fine there, and not in 2020-12); and a change no value breaks
+/// but the registry's diff refuses is refused, naming the registry's rule.
+#[test]
+fn compat_reads_and_refuses_as_a_registry_does_under_json_schema_semantics() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let tuple = write(dir.path(), "tuple.json", r#"{ "type": "array", "items": [ { "type": "string" } ] }"#);
+    let out = xtask(&["schema", "compat", &tuple, &tuple, "--semantics", "json-schema"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = xtask(&["schema", "compat", &tuple, &tuple]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("tuple.json") && text(&out).contains("prefixItems"), "{}", text(&out));
+
+    let old = write(dir.path(), "int.json", r#"{ "type": "integer" }"#);
+    let new = write(dir.path(), "int64.json", r#"{ "type": "integer", "format": "int64" }"#);
+    for policy in ["strict", "lenient"] {
+        let out = xtask(&["schema", "compat", &old, &new, "--semantics", "json-schema", "--policy", policy]);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        let said = text(&out);
+        assert!(
+            said.contains("TYPE_CHANGED at #/") && said.contains("[registry-refuses, backward"),
+            "{said}"
+        );
+    }
+    // Said to be 2020-12, the registry drops `format`: nothing is refused.
+    let in_2020 = |name: &str, body: &str| {
+        write(
+            dir.path(),
+            name,
+            &body.replacen('{', r#"{ "$schema": "https://json-schema.org/draft/2020-12/schema","#, 1),
+        )
+    };
+    let (old, new) = (
+        in_2020("int-2020.json", r#"{ "type": "integer" }"#),
+        in_2020("int64-2020.json", r#"{ "type": "integer", "format": "int64" }"#),
+    );
+    let out = xtask(&["schema", "compat", &old, &new, "--semantics", "json-schema"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
 #[test]
 fn check_with_json_schema_semantics_refuses_what_a_registry_would() {
     // A committed file whose model is closed; the code's schema is open (schemars' default):

@@ -145,9 +145,15 @@ pub(crate) struct Refused {
 }
 
 /// `root` in the 2020-12 vocabulary, and its dialect (see the module documentation).
+#[cfg(test)]
 pub(crate) fn canonical(root: &Value) -> Result<(Dialect, Value), Refused> {
+    canonical_in(root, Dialect::Draft2020)
+}
+
+/// [`canonical`], reading a document without `$schema` in `default`.
+pub(crate) fn canonical_in(root: &Value, default: Dialect) -> Result<(Dialect, Value), Refused> {
     let dialect = match root.get("$schema") {
-        None => Dialect::Draft2020,
+        None => default,
         Some(Value::String(uri)) => Dialect::from_uri(uri).ok_or_else(|| Refused {
             pointer: "/$schema".to_owned(),
             reason: format!(

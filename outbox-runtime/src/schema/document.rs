@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde_json::Value;
 
-use super::dialect::{canonical, Dialect};
+use super::dialect::{canonical_in, Dialect};
 use super::keywords::{SCHEMA_ARRAY_KEYWORDS, SCHEMA_KEYWORDS, SCHEMA_MAP_KEYWORDS};
 
 /// Why a document could not be used as a schema. Every variant names its source.
@@ -57,6 +57,8 @@ pub struct SchemaDoc {
     /// The document in the 2020-12 vocabulary (see `dialect`).
     root: Value,
     dialect: Dialect,
+    /// The document as given, before the rewrite into 2020-12 (what a registry judges).
+    original: Value,
     /// What a writer writes, when it is narrower than what the document accepts
     /// (`x-outbox.writer`, a whole schema document of its own).
     writer: Option<Box<SchemaDoc>>,
@@ -79,25 +81,45 @@ impl SchemaDoc {
         Self::from_str(&name, &text)
     }
 
-    /// Parses and validates `text`; `name` is used in error messages.
-    pub fn from_str(name: &str, text: &str) -> Result<Self, InputError> {
-        let root: Value = serde_json::from_str(text)
-            .map_err(|error| InputError::NotJson { source_name: name.to_owned(), error })?;
-        Self::from_value(name, root)
+    /// [`SchemaDoc::from_file`], reading a document without `$schema` in `default` (as
+    /// schema registries do, in draft-07) rather than in 2020-12.
+    pub fn from_file_in(path: &std::path::Path, default: Dialect) -> Result<Self, InputError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|error| InputError::Unreadable { source_name: name.clone(), error })?;
+        Self::from_str_in(&name, &text, default)
     }
 
-    /// Validates an already parsed document.
+    /// Parses and validates `text`; `name` is used in error messages.
+    pub fn from_str(name: &str, text: &str) -> Result<Self, InputError> {
+        Self::from_str_in(name, text, Dialect::Draft2020)
+    }
+
+    /// [`SchemaDoc::from_str`], reading a document without `$schema` in `default`.
+    pub fn from_str_in(name: &str, text: &str, default: Dialect) -> Result<Self, InputError> {
+        let root: Value = serde_json::from_str(text)
+            .map_err(|error| InputError::NotJson { source_name: name.to_owned(), error })?;
+        Self::from_value_in(name, root, default)
+    }
+
+    /// Validates an already parsed document (2020-12 when it has no `$schema`).
     pub fn from_value(name: &str, root: Value) -> Result<Self, InputError> {
+        Self::from_value_in(name, root, Dialect::Draft2020)
+    }
+
+    /// [`SchemaDoc::from_value`], reading a document without `$schema` in `default`.
+    pub fn from_value_in(name: &str, root: Value, default: Dialect) -> Result<Self, InputError> {
         let writer = root.get("x-outbox").and_then(|x| x.get("writer")).cloned();
-        let (dialect, root) = canonical(&root).map_err(|refused| InputError::NotASchema {
+        let original = root.clone();
+        let (dialect, root) = canonical_in(&root, default).map_err(|refused| InputError::NotASchema {
             source_name: name.to_owned(),
             pointer: refused.pointer,
             reason: refused.reason,
         })?;
-        let mut doc = SchemaDoc { name: name.to_owned(), root, dialect, writer: None };
+        let mut doc = SchemaDoc { name: name.to_owned(), root, dialect, original, writer: None };
         doc.validate(&doc.root, &mut String::new())?;
         if let Some(writer) = writer {
-            let writer = SchemaDoc::from_value(&format!("{name} (x-outbox.writer)"), writer)?;
+            let writer = SchemaDoc::from_value_in(&format!("{name} (x-outbox.writer)"), writer, default)?;
             doc.writer = Some(Box::new(writer));
         }
         Ok(doc)
@@ -114,7 +136,8 @@ impl SchemaDoc {
         &self.name
     }
 
-    /// The dialect its `$schema` names (2020-12 when it names none).
+    /// The dialect its `$schema` names (when it names none, the default it was read in:
+    /// 2020-12 unless told otherwise).
     pub fn dialect(&self) -> Dialect {
         self.dialect
     }
@@ -124,6 +147,26 @@ impl SchemaDoc {
     /// the same meaning.
     pub fn root(&self) -> &Value {
         &self.root
+    }
+
+    /// The document as it was given, in its own dialect.
+    pub(crate) fn original(&self) -> &Value {
+        &self.original
+    }
+
+    /// The document as schema registries read it (Confluent's, and its serializers'
+    /// validators): one without `$schema` is draft-07 there, where it is 2020-12 here.
+    /// One that is not a draft-07 schema (a `$ref` only 2020-12 resolves) stays as read.
+    pub(crate) fn as_registries_read(&self) -> std::borrow::Cow<'_, SchemaDoc> {
+        match &self.original {
+            Value::Object(map) if !map.contains_key("$schema") && self.dialect != Dialect::Draft7 => {
+                match SchemaDoc::from_value_in(&self.name, self.original.clone(), Dialect::Draft7) {
+                    Ok(doc) => std::borrow::Cow::Owned(doc),
+                    Err(_) => std::borrow::Cow::Borrowed(self),
+                }
+            }
+            _ => std::borrow::Cow::Borrowed(self),
+        }
     }
 
     /// Follows a local `$ref` (`#`, `#/$defs/X`, `#/definitions/X`, any JSON pointer).

@@ -4,7 +4,9 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use crate::registry::EventDescriptor;
-use crate::schema::{self, CheckOptions, FileStatus, GenerateError, Judge, Mode, SchemaDoc, Semantics};
+use crate::schema::{
+    self, CheckOptions, Dialect, FileStatus, GenerateError, Judge, Mode, SchemaDoc, Semantics,
+};
 
 pub(super) fn generate(
     dir: &Path,
@@ -71,7 +73,14 @@ fn judged_by(judge: Judge) -> String {
 }
 
 pub(super) fn compat(old: &Path, new: &Path, mode: Mode, judge: Judge) -> ExitCode {
-    let docs = SchemaDoc::from_file(old).and_then(|o| SchemaDoc::from_file(new).map(|n| (o, n)));
+    // A schema without `$schema` is draft-07 to registries; serde semantics reads what
+    // schemars writes, 2020-12.
+    let default = match judge.semantics {
+        Semantics::JsonSchema => Dialect::Draft7,
+        _ => Dialect::Draft2020,
+    };
+    let docs = SchemaDoc::from_file_in(old, default)
+        .and_then(|o| SchemaDoc::from_file_in(new, default).map(|n| (o, n)));
     let (old_doc, new_doc) = match docs {
         Ok(docs) => docs,
         Err(err) => {

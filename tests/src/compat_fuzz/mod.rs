@@ -173,8 +173,14 @@ fn identity(s: &Value, verdict: &mut Verdict) {
     }
 }
 
+/// The second implementation's validator for `schema`, in the dialect json-schema
+/// semantics reads it in: its `$schema`, or draft-07 without one, as registries read it.
 fn validator(schema: &Value, formats: bool) -> Result<jsonschema::Validator, String> {
-    jsonschema::options().should_validate_formats(formats).build(schema).map_err(|e| e.to_string())
+    let mut options = jsonschema::options().should_validate_formats(formats);
+    if schema.get("$schema").is_none() {
+        options = options.with_draft(jsonschema::Draft::Draft7);
+    }
+    options.build(schema).map_err(|e| e.to_string())
 }
 
 fn judge_direction(

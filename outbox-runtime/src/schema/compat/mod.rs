@@ -30,6 +30,7 @@ mod normalize;
 mod objects;
 mod parts;
 mod range;
+mod registry;
 mod subsume;
 
 use self::node::Term;
@@ -170,6 +171,12 @@ pub enum Rule {
     ConstraintTightened,
     /// Something the checker does not understand: it cannot prove compatibility.
     CannotProve,
+    /// No value breaks the reader, but a schema registry refuses the change: under
+    /// `--semantics json-schema`, Confluent Schema Registry's structural diff, under the
+    /// policy asked for, names a difference outside its set of compatible ones (a keyword
+    /// beside `type` read as a second schema, `anyOf` to `oneOf`, ...). The path is the
+    /// registry's (`#/properties/b`).
+    RegistryRefuses,
 }
 
 impl Rule {
@@ -186,6 +193,7 @@ impl Rule {
             Rule::VariantNotAccepted => "variant-not-accepted",
             Rule::ConstraintTightened => "constraint-tightened",
             Rule::CannotProve => "cannot-prove",
+            Rule::RegistryRefuses => "registry-refuses",
         }
     }
 }
@@ -347,7 +355,15 @@ pub(crate) fn compare_each(old: &SchemaDoc, new: &SchemaDoc, mode: Mode, judge: 
         };
         let found = match judge.semantics {
             Semantics::Serde => can_read(writer, reader),
-            Semantics::JsonSchema => instance::includes(writer, reader, judge.policy == Policy::Lenient),
+            Semantics::JsonSchema => {
+                let (writer, reader) = (writer.as_registries_read(), reader.as_registries_read());
+                let found = instance::includes(&writer, &reader, judge.policy == Policy::Lenient);
+                if found.is_empty() {
+                    registry_refusals(&writer, &reader, judge.policy)
+                } else {
+                    found
+                }
+            }
         };
         incompatibilities.extend(found.into_iter().map(|f| Incompatibility {
             direction,
@@ -377,6 +393,33 @@ pub fn compare_transitive_with(older: &[SchemaDoc], new: &SchemaDoc, mode: Mode,
         }
     }
     Report { mode, incompatibilities }
+}
+
+/// What Confluent Schema Registry refuses when `reader` is registered after `writer`
+/// (its diff takes the writer as the original): asked only when no value breaks the
+/// reader, so that a refusal here is the registry's own rule, said as such. Where the
+/// emulation cannot read a document, nothing is added: it predicts the registry's
+/// quirks, it is not what makes a verdict sound.
+fn registry_refusals(writer: &SchemaDoc, reader: &SchemaDoc, policy: Policy) -> Vec<Finding> {
+    let lenient = policy == Policy::Lenient;
+    let policy = if lenient { "LENIENT" } else { "STRICT" };
+    match registry::refusals(writer.original(), reader.original(), lenient) {
+        Ok(refused) => refused
+            .into_iter()
+            .map(|d| Finding {
+                path: d.path.clone(),
+                rule: Rule::RegistryRefuses,
+                reason: format!(
+                    "no value breaks the reader, but Confluent Schema Registry's {policy} policy refuses the change: its diff names {} at {} (see the README's \"Schema registries\")",
+                    d.kind.name(),
+                    d.path
+                ),
+            })
+            .collect(),
+        // The emulation cannot read a document (a `$ref` that is not a local pointer into
+        // it): the registry's verdict is not predicted, and the values' verdict stands.
+        Err(registry::Unpredicted(_)) => Vec::new(),
+    }
 }
 
 /// A finding without its direction.
