@@ -31,6 +31,11 @@ pub struct Registry {
     pub requests: Vec<String>,
     /// The `Authorization` header every request must carry, when set.
     pub authorization: Option<String>,
+    /// Subjects whose every schema is refused as invalid (HTTP 422, error code 42201), at
+    /// lookup, check and registration alike: fault injection for a registry whose loader
+    /// cannot read a schema ours reads (Confluent's reads one without `$schema` as
+    /// draft-07, and refuses a `$ref` its loader does not resolve).
+    pub unloadable: std::collections::BTreeSet<String>,
 }
 
 type Shared = Arc<Mutex<Registry>>;
@@ -155,9 +160,12 @@ fn enter<'a>(
     Ok(registry)
 }
 
-/// The schema of a request body: `{"schema": "...", "schemaType": "JSON"}`.
-fn schema_of(body: &Value) -> Result<String, Refusal> {
+/// The schema of a request body for `subject`: `{"schema": "...", "schemaType": "JSON"}`.
+fn schema_of(registry: &Registry, subject: &str, body: &Value) -> Result<String, Refusal> {
     let invalid = |m: &str| error(StatusCode::UNPROCESSABLE_ENTITY, 42201, format!("Invalid schema: {m}"));
+    if registry.unloadable.contains(subject) {
+        return Err(invalid("this stand-in was told it cannot load the schemas of this subject"));
+    }
     if body.get("schemaType").and_then(Value::as_str) != Some("JSON") {
         return Err(invalid("only schemaType JSON is served here"));
     }
@@ -223,7 +231,7 @@ async fn lookup(
     Json(body): Json<Value>,
 ) -> Answer {
     let registry = enter(&state, &headers, format!("POST /subjects/{subject}"))?;
-    let schema = schema_of(&body)?;
+    let schema = schema_of(&registry, &subject, &body)?;
     let ids = registry.subjects.get(&subject).ok_or_else(|| no_subject(&subject))?;
     for (i, id) in ids.iter().enumerate() {
         let text = &registry.schemas[*id as usize - 1];
@@ -243,7 +251,7 @@ async fn register(
     Json(body): Json<Value>,
 ) -> Answer {
     let mut registry = enter(&state, &headers, format!("POST /subjects/{subject}/versions"))?;
-    let schema = schema_of(&body)?;
+    let schema = schema_of(&registry, &subject, &body)?;
     let existing = registry.subjects.get(&subject).cloned().unwrap_or_default();
     if let Some(id) = existing.iter().find(|id| same(&registry.schemas[**id as usize - 1], &schema)) {
         return Ok(Json(json!({ "id": id, "guid": guid_of(*id) })));
@@ -347,7 +355,7 @@ async fn check_latest(
 ) -> Answer {
     let registry =
         enter(&state, &headers, format!("POST /compatibility/subjects/{subject}/versions/latest"))?;
-    let schema = schema_of(&body)?;
+    let schema = schema_of(&registry, &subject, &body)?;
     if !registry.subjects.contains_key(&subject) {
         // Nothing to be incompatible with.
         return Ok(Json(json!({ "is_compatible": true })));

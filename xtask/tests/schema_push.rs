@@ -135,6 +135,24 @@ fn a_change_the_registry_refuses_is_exit_1_with_both_verdicts() {
     assert_eq!(registry.registry().subjects["orders-order.placed v1"].len(), 1, "nothing registered");
 }
 
+/// A schema the registry cannot load is refused (HTTP 422, 42201) already at lookup: the
+/// registry answered as its API documents, and said no; the other files still go.
+#[test]
+fn a_schema_the_registry_cannot_load_is_refused_exit_1_naming_the_file() {
+    let registry = StandIn::start();
+    registry.registry().unloadable.insert("orders-order.placed v1".to_owned());
+    let dir = tempfile::tempdir().expect("tmp");
+    copy_dir(&committed(), dir.path());
+    let out = push(&["--registry", registry.url(), "--dir", &dir.path().display().to_string()], &[]);
+    let report = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(report.contains("order.placed/v1.json: order.placed v1:"), "{report}");
+    assert!(report.contains("the registry refuses the schema as invalid"), "{report}");
+    assert!(report.contains("3 registered, 0 already registered, 1 refused"), "{report}");
+    assert!(!report.contains("did not answer as its API documents"), "{report}");
+    assert!(!registry.registry().subjects.contains_key("orders-order.placed v1"));
+}
+
 #[test]
 fn credentials_come_from_the_environment_and_are_never_printed() {
     let registry = StandIn::with_credentials("key", "s3cret-canary");

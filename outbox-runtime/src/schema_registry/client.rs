@@ -367,7 +367,14 @@ fn registered(answer: &Value, subject: &str, what: &str) -> Result<Registered, R
     Ok(Registered {
         subject: answer.get("subject").and_then(Value::as_str).unwrap_or(subject).to_owned(),
         id: id_of(answer, "id", what)?,
-        guid: answer.get("guid").and_then(Value::as_str).and_then(super::framing::parse_guid),
+        // A GUID the registry gives is what the header form carries: one that does not
+        // parse is an answer we cannot use, not a reason to fall back on the id.
+        guid: match answer.get("guid") {
+            None | Some(Value::Null) => None,
+            Some(guid) => Some(guid.as_str().and_then(super::framing::parse_guid).ok_or_else(|| {
+                protocol(what, &format!("guid {guid} is not a GUID (8-4-4-4-12 hex digits)"))
+            })?),
+        },
         version: id_of(answer, "version", what)?,
         schema: answer.get("schema").and_then(Value::as_str).unwrap_or_default().to_owned(),
     })
@@ -395,6 +402,20 @@ mod tests {
     fn subjects_are_escaped_as_one_path_segment() {
         assert_eq!(segment("orders-order.placed v1"), "orders-order.placed%20v1");
         assert_eq!(segment("a/b?c#d%"), "a%2Fb%3Fc%23d%25");
+    }
+
+    #[test]
+    fn a_guid_that_does_not_parse_is_refused_not_dropped() {
+        let answer = |guid: Value| json!({"id": 3, "version": 1, "guid": guid});
+        let ok = registered(&answer(json!("5a2b2ee4-1f5e-4b8f-9b3a-0e2d9c6a7f10")), "s", "looking up")
+            .expect("a GUID");
+        assert_eq!(ok.guid.map(|g| g[0]), Some(0x5a));
+        assert_eq!(registered(&json!({"id": 3, "version": 1}), "s", "x").expect("no GUID").guid, None);
+        for bad in [json!("5a2b2ee4"), json!(17), json!("zz2b2ee4-1f5e-4b8f-9b3a-0e2d9c6a7f10")] {
+            let err = registered(&answer(bad.clone()), "s", "looking up a schema").expect_err("malformed");
+            assert!(matches!(err, RegistryError::Protocol { .. }), "{bad}: {err}");
+            assert!(err.to_string().contains("is not a GUID"), "{err}");
+        }
     }
 
     #[test]

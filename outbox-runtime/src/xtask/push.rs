@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::schema::{compare_with, Judge, Level, Policy, SchemaDoc};
+use crate::schema::{compare_with, Dialect, Judge, Level, Policy, SchemaDoc};
 use crate::schema_registry::{committed_schemas, Client, Lookup, RegistryError, TOPIC_RECORD_SUBJECT};
 
 /// `schema push --registry URL [--subject TEMPLATE] [--compatibility LEVEL] [--policy P] [--dry-run]`.
@@ -74,6 +74,12 @@ pub(super) fn push(dir: &Path, args: &PushArgs, judge: Judge) -> ExitCode {
             Ok(Outcome::Already) => already += 1,
             Ok(Outcome::Registered) => registered += 1,
             Ok(Outcome::Refused) => refused += 1,
+            // Refused at lookup or at the compatibility check (an invalid schema, say):
+            // the registry answered as documented, and said no.
+            Err(e) if e.is_refusal() => {
+                eprintln!("error: {}: {}: {e}", item.path.display(), item.label);
+                refused += 1;
+            }
             Err(e) => {
                 eprintln!("error: {}: {e}", item.path.display());
                 eprintln!("schema push stopped: the registry did not answer as its API documents");
@@ -181,11 +187,12 @@ fn our_verdict(client: &Client, item: &Item, level: &str, judge: Judge) -> Resul
     };
     let latest = client.latest(&item.subject)?;
     let name = format!("{} version {}", item.subject, latest.version);
-    let old = match SchemaDoc::from_str(&name, &latest.schema) {
+    // The registry reads a schema without `$schema` as draft-07; so do we, here.
+    let old = match SchemaDoc::from_str_in(&name, &latest.schema, Dialect::Draft7) {
         Ok(doc) => doc,
         Err(e) => return Ok(format!("not judged: {e}")),
     };
-    let new = match SchemaDoc::from_str(&item.path.display().to_string(), &item.text) {
+    let new = match SchemaDoc::from_str_in(&item.path.display().to_string(), &item.text, Dialect::Draft7) {
         Ok(doc) => doc,
         Err(e) => return Ok(format!("not judged: {e}")),
     };

@@ -16,7 +16,7 @@ use uuid::Uuid;
     name = "outbox",
     version,
     about = "Operate a transactional outbox: migrate, relay, status, failed and retrying events, retry, discard, replay, purge, reconcile, inbox",
-    after_help = "Exit codes: 0 done; 1 nothing matched, or reconcile found differences; 2 bad arguments or settings; 3 database, broker or metrics listener failure; 4 conflicts with the current state (release the earlier message first)."
+    after_help = "Exit codes: 0 done; 1 nothing matched, or reconcile found differences; 2 bad arguments or settings (a schema registry URL, a committed schema the registry does not hold); 3 database, broker, schema registry or metrics listener failure; 4 conflicts with the current state (release the earlier message first)."
 )]
 pub(crate) struct Cli {
     /// PostgreSQL holding the outbox (required: there is no default database). Its value

@@ -2,8 +2,10 @@
 //!
 //! Exit codes: 0 done; 1 nothing matched (no such failed event or parked message, nothing
 //! to retry) or, for `reconcile`, differences found; 2 bad arguments or settings (an
-//! unmigrated database, no database given, an unknown consumer or table); 3 the
-//! database, the broker or the metrics listener is unreachable or failed; 4 the request
+//! unmigrated database, no database given, an unknown consumer or table, a schema
+//! registry URL with credentials in it, a committed schema the registry does not hold);
+//! 3 the database, the broker, the schema registry or the metrics listener is
+//! unreachable or failed; 4 the request
 //! conflicts with the current state (a message held behind an earlier one: release that
 //! first).
 //!
