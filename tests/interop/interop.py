@@ -135,23 +135,28 @@ def consume(bootstrap, topic, schemas_dir, wanted):
     read_records(bootstrap, topic, wanted, read_one)
 
 
+def credit_attributes(event_id, account):
+    """The CloudEvents attributes of a test.credit: a plain CloudEvent, its version only in
+    the standard dataschema attribute."""
+    return {
+        "specversion": "1.0",
+        "id": event_id,
+        "source": "/interop-python",
+        "type": "test.credit",
+        "datacontenttype": "application/json",
+        "subject": account,
+        "partitionkey": account,
+        "dataschema": "urn:outbox:schemas/test.credit/v1.json",
+    }
+
+
 def produce(bootstrap, topic, count):
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "partitioner": "murmur2_random"})
     written = []
 
     def credit(n, mode):
         account = f"acc-py-{n % 3}"
-        attributes = {
-            "specversion": "1.0",
-            "id": f"python-{mode}-{n}",
-            "source": "/interop-python",
-            "type": "test.credit",
-            "datacontenttype": "application/json",
-            "subject": account,
-            "partitionkey": account,
-            # A plain CloudEvent: the version only in the standard attribute.
-            "dataschema": "urn:outbox:schemas/test.credit/v1.json",
-        }
+        attributes = credit_attributes(f"python-{mode}-{n}", account)
         event = CloudEvent(attributes=attributes, data={"account": account, "amount": 100 + n})
         message = kafka.to_binary(event, FORMAT) if mode == "binary" else kafka.to_structured(event, FORMAT)
         producer.produce(topic, key=message.key, value=message.value, headers=list(message.headers.items()))
@@ -227,16 +232,7 @@ def produce_registry(bootstrap, topic, registry_url, count):
         for form, serializer in serializers.items():
             account = f"acc-sr-{n % 3}"
             data = {"account": account, "amount": 200 + n}
-            attributes = {
-                "specversion": "1.0",
-                "id": f"python-registry-{form}-{n}",
-                "source": "/interop-python",
-                "type": "test.credit",
-                "datacontenttype": "application/json",
-                "subject": account,
-                "partitionkey": account,
-                "dataschema": "urn:outbox:schemas/test.credit/v1.json",
-            }
+            attributes = credit_attributes(f"python-registry-{form}-{n}", account)
             message = kafka.to_binary(CloudEvent(attributes=attributes, data=data), FORMAT)
             headers = list(message.headers.items())
             # The header form appends ("__value_schema_id", 0x01 + GUID) to these headers.

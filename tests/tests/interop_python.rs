@@ -15,6 +15,7 @@
 //! `OUTBOX_INTEROP_PYTHON`: `.ci/run` makes a throwaway venv and runs it against its Tansu
 //! broker (`cargo test -p outbox-tests --test interop_python -- --ignored`).
 
+use std::collections::HashMap;
 use std::process::Command;
 use std::time::Duration;
 
@@ -52,7 +53,14 @@ fn python(args: &[&str]) -> Value {
 
 /// Runs an inbox of `consumer` over the credits Python `written`, and checks that each was
 /// applied once, kept with its own id and amount, and nothing parked.
-async fn applied_once(pool: &PgPool, setup: &credits::Setup, consumer: &str, written: &[Value]) {
+/// Applies `written` with an inbox of its own, checks each was applied once with its
+/// amount, and returns the registry schema each event's record named.
+async fn applied_once(
+    pool: &PgPool,
+    setup: &credits::Setup,
+    consumer: &str,
+    written: &[Value],
+) -> HashMap<Uuid, Option<SchemaRef>> {
     let ledger = Ledger::default();
     let (running, _) = credits::start(pool, setup.config(consumer), &ledger).await;
     let want = written.len() as i64;
@@ -77,6 +85,8 @@ async fn applied_once(pool: &PgPool, setup: &credits::Setup, consumer: &str, wri
         .expect("inbox row");
         assert_eq!(kept, Some((Some(id.to_owned()), w["amount"].as_i64().expect("amount"))), "{w}");
     }
+    let schemas = ledger.schemas.lock().expect("schemas").iter().copied().collect();
+    schemas
 }
 
 #[sqlx::test(migrations = false)]
@@ -118,7 +128,8 @@ async fn python_clients_read_what_the_relay_writes_and_feed_the_inbox(pool: PgPo
     let written = python(&["produce", kafka.bootstrap(), &setup.topic, "3"]);
     let written = written["written"].as_array().expect("written").clone();
     assert_eq!(written.len(), 6, "3 binary and 3 structured");
-    applied_once(&pool, &setup, "interop-python", &written).await;
+    let named = applied_once(&pool, &setup, "interop-python", &written).await;
+    assert!(named.values().all(Option::is_none), "plain CloudEvents name no registry schema: {named:?}");
 }
 
 #[sqlx::test(migrations = false)]
@@ -197,5 +208,18 @@ async fn python_registry_clients_read_the_relays_framed_records_and_frame_what_t
         "Python registered its schema: {:?}",
         registry.registry().subjects.keys().collect::<Vec<_>>()
     );
-    applied_once(&pool, &setup, "interop-registry", &written).await;
+    let named = applied_once(&pool, &setup, "interop-registry", &written).await;
+    // The inbox read the schema each record named: the prefix's id, or the header's GUID,
+    // the one the registry gave Python's schema.
+    let id = *registry.registry().subjects[&format!("{}-value", setup.topic)].first().expect("registered");
+    let guid = parse_guid(&outbox_tests::registry_standin::guid_of(id)).expect("a GUID");
+    for w in &written {
+        let event_id = event_id_of(w["source"].as_str().expect("source"), w["id"].as_str().expect("id"));
+        let want = match w["form"].as_str() {
+            Some("prefix") => SchemaRef::Id(id),
+            Some("header") => SchemaRef::Guid(guid),
+            other => panic!("form {other:?}"),
+        };
+        assert_eq!(named.get(&event_id), Some(&Some(want)), "{w}");
+    }
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_runtime::inbox::{EventHandler, HandlerError, Handlers, Inbox, InboxConfig, Meta};
+use outbox_runtime::schema_registry::framing::SchemaRef;
 use outbox_runtime::OutboxEvent;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -29,11 +30,15 @@ pub struct Ledger {
     pub calls: Arc<AtomicU32>,
     /// Credits to account `slow` wait for a permit here.
     pub gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// Each event handled, with the registry schema its record named (a frame or the
+    /// `__value_schema_id` header), if any.
+    pub schemas: Arc<std::sync::Mutex<Vec<(Uuid, Option<SchemaRef>)>>>,
 }
 
 impl EventHandler<Credit> for Ledger {
     async fn handle(&self, tx: &mut PgConnection, credit: Credit, meta: &Meta) -> Result<(), HandlerError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        self.schemas.lock().expect("schemas").push((meta.event_id, meta.registry_schema));
         if let (Some(gate), "slow") = (&self.gate, credit.account.as_str()) {
             gate.acquire().await.expect("gate").forget();
         }
