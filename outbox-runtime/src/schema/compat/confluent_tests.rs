@@ -113,10 +113,6 @@ const UNSOUND_IN_CONFLUENT: [&str; 13] = [
     "oneOf_duplicate_branch_collapsed",
 ];
 
-/// Compatible, passed by Confluent, and not proved by us: `not` beside `not` (the reader's
-/// may refuse only what the writer's refuses) is judged `cannot-prove`.
-const NOT_PROVED: [&str; 1] = ["not_narrowed"];
-
 /// `names` in the corpus's order.
 fn in_corpus_order(names: &[&str]) -> Vec<String> {
     let corpus: Vec<Value> = serde_json::from_str(include_str!("confluent_corpus.json")).expect("the corpus");
@@ -132,7 +128,6 @@ fn in_corpus_order(names: &[&str]) -> Vec<String> {
 fn strict_verdicts_beside_confluents() {
     let refused_by_us: Vec<&str> = UNSOUND_IN_CONFLUENT
         .iter()
-        .chain(&NOT_PROVED)
         .copied()
         .chain(["propertyNames_narrowed_ignored_draft7", "draft4_exclusiveMaximum_boolean_ignored"])
         .collect();
@@ -169,7 +164,6 @@ fn the_registrys_own_refusals_are_named_as_such() {
 fn lenient_verdicts_beside_confluents() {
     let refused_by_us: Vec<&str> = UNSOUND_IN_CONFLUENT
         .iter()
-        .chain(&NOT_PROVED)
         .copied()
         .chain([
             "open_model_add_required_property_with_default",

@@ -184,6 +184,18 @@ impl<'a> Instance<'a> {
         found
     }
 
+    /// Whether every value of type `t` that `inner` accepts, `outer` accepts: the
+    /// question asked the other way round (`inner` in the reader's document, `outer` in
+    /// the writer's), so each side is read in its own document and dialect, and without
+    /// the lenient policy's closed world, which is about what the writer writes.
+    fn within(&mut self, inner: &Side<'a>, outer: &Side<'a>, t: Ty, path: &str) -> bool {
+        let saved = (self.w, self.r, self.closed_world, std::mem::take(&mut self.stack));
+        (self.w, self.r, self.closed_world) = (inner.doc, outer.doc, false);
+        let found = self.sub(inner, outer, Some(t), path);
+        (self.w, self.r, self.closed_world, self.stack) = saved;
+        found.is_empty()
+    }
+
     fn writer_step(&mut self, s: Step<'a>, r: &Side<'a>, t: Ty, path: &str) -> Vec<Finding> {
         match s {
             Step::Same(w) => self.sub(&w, r, Some(t), path),

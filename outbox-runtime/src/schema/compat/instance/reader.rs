@@ -31,7 +31,13 @@ impl<'a> Instance<'a> {
             }
             Step::Not { rest, negated } => {
                 let mut found = self.sub(w, &rest, Some(t), path);
-                match self.disjoint(w, &negated, Some(t)) {
+                // A writer under `not A` writes nothing the reader's `not B` refuses when
+                // every value B accepts, A accepts.
+                let writer_nots: Vec<&'a Value> = w.parts.iter().filter_map(|p| p.value.get("not")).collect();
+                let refused_by_writer =
+                    writer_nots.into_iter().any(|a| self.within(&negated, &Side::of(w.doc, a), t, path));
+                let apart = if refused_by_writer { Tri::Yes } else { self.disjoint(w, &negated, Some(t)) };
+                match apart {
                     Tri::Yes => {}
                     Tri::No => found.extend(finding(
                         path,

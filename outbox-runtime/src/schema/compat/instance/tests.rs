@@ -94,6 +94,38 @@ fn not_is_proved_by_disjointness() {
     yes(json!({ "type": "integer", "minimum": 5 }), json!({ "not": { "type": "integer", "maximum": 2 } }));
     yes(json!({ "type": "string" }), json!({ "not": { "type": "number" } }));
     no(json!({ "type": ["string", "number"] }), json!({ "not": { "type": "number" } }));
+    // `not` read by `not`: the reader refuses less than the writer does.
+    yes(json!({ "not": { "type": "number" } }), json!({ "not": { "type": "integer" } }));
+    yes(json!({ "type": "string", "not": { "enum": ["a", "b"] } }), json!({ "not": { "const": "a" } }));
+    no(json!({ "not": { "type": "integer" } }), json!({ "not": { "type": "number" } }));
+}
+
+/// Judging `not B` against a writer's `not A` asks whether B's values are A's: B read in
+/// the reader's document and dialect, A in the writer's, and no policy's closed world.
+#[test]
+fn not_beside_not_reads_each_side_in_its_own_document() {
+    // A `$ref` under the writer's `not` resolves in the writer's document: there A's `p`
+    // is an integer, so the writer accepts {"p": 1.5}, which the reader refuses.
+    let w = json!({ "not": { "properties": { "p": { "$ref": "#/$defs/A" } }, "required": ["p"] },
+        "$defs": { "A": { "type": "integer" } } });
+    let r = json!({ "not": { "properties": { "p": { "$ref": "#/$defs/A" } }, "required": ["p"] },
+        "$defs": { "A": { "type": "number" } } });
+    no(w.clone(), r.clone());
+    yes(r, w);
+    // draft-04's integer refuses 1.0, 2020-12's accepts it: the draft-04 writer under
+    // `not: integer` accepts 1.0, which the 2020-12 reader's `not: integer` refuses.
+    let d4 = json!({ "$schema": "http://json-schema.org/draft-04/schema#", "not": { "type": "integer" } });
+    let d2020 =
+        json!({ "$schema": "https://json-schema.org/draft/2020-12/schema", "not": { "type": "integer" } });
+    no(d4.clone(), d2020.clone());
+    yes(d2020, d4);
+    // An open B is not A because B declares nothing: {"x": 5} is B's and not A's, so the
+    // writer under `not A` writes it, and the reader under `not B` refuses it; under the
+    // lenient policy too, whose closed world is the writer's, not B's.
+    let w = json!({ "not": { "type": "object", "properties": { "x": { "type": "string" } } }, "properties": { "x": {} } });
+    let r = json!({ "not": { "type": "object" } });
+    no(w.clone(), r.clone());
+    assert!(!includes(&doc(w), &doc(r), true).is_empty(), "lenient");
 }
 
 #[test]
