@@ -34,38 +34,15 @@ impl Pass<'_> {
         let names: BTreeSet<&String> = o.properties.keys().chain(u.properties.keys()).collect();
         for k in names {
             let path = split(&format!("properties/{k}"));
-            let prefixed = |diffs: Vec<Diff>| -> Vec<Diff> {
-                diffs
-                    .into_iter()
-                    .map(|mut d| {
-                        d.path.splice(0..0, path.iter().cloned());
-                        d
-                    })
-                    .collect()
-            };
             let mark = |kind| Diff { kind, path: path.clone() };
             match (o.properties.get(k), u.properties.get(k)) {
                 (Some(&a), Some(&b)) => {
                     let sub = self.compare(Some(a), Some(b));
-                    out.extend(prefixed(sub));
+                    out.extend(prefixed(&path, sub));
                 }
                 (Some(&a), None) => {
-                    if open_object(self.u(), u) {
-                        out.push(mark(Kind::PropertyRemovedFromOpenContentModel));
-                    } else if let Some(s) = partial_object(self.u(), u, k) {
-                        let sub = self.compare(Some(a), Some(s));
-                        let ok = self.ok(&sub);
-                        out.extend(prefixed(sub));
-                        out.push(mark(if ok {
-                            Kind::PropertyRemovedIsCoveredByPartiallyOpenContentModel
-                        } else {
-                            Kind::PropertyRemovedNotCoveredByPartiallyOpenContentModel
-                        }));
-                    } else if matches!(self.o().node(a).shape, Shape::False) {
-                        out.push(mark(Kind::PropertyWithFalseRemovedFromClosedContentModel));
-                    } else {
-                        out.push(mark(Kind::PropertyRemovedFromClosedContentModel));
-                    }
+                    let (open, partial) = (open_object(self.u(), u), partial_object(self.u(), u, k));
+                    self.removed(a, open, partial, &path, &PROPERTY_REMOVED, out);
                 }
                 (None, Some(&b)) => {
                     let has_default = self.u().node(b).common.default.is_some();
@@ -81,14 +58,11 @@ impl Pass<'_> {
                         }));
                     } else {
                         if let Some(s) = partial_object(self.o(), o, k) {
-                            let sub = self.compare(Some(s), Some(b));
-                            let ok = self.ok(&sub);
-                            out.extend(prefixed(sub));
-                            out.push(mark(if ok {
-                                Kind::PropertyAddedIsCoveredByPartiallyOpenContentModel
-                            } else {
-                                Kind::PropertyAddedNotCoveredByPartiallyOpenContentModel
-                            }));
+                            let covered = [
+                                Kind::PropertyAddedIsCoveredByPartiallyOpenContentModel,
+                                Kind::PropertyAddedNotCoveredByPartiallyOpenContentModel,
+                            ];
+                            self.covered(s, b, &path, covered, out);
                         }
                         out.push(mark(if !required(u, k) {
                             Kind::OptionalPropertyAddedToUnopenContentModel
@@ -131,37 +105,72 @@ impl Pass<'_> {
                 (None, Some(_)) => out.push(Diff { kind: Kind::DependencySchemaAdded, path }),
                 (Some(&a), Some(&b)) => {
                     let sub = self.compare(Some(a), Some(b));
-                    out.extend(sub.into_iter().map(|mut d| {
-                        d.path.splice(0..0, path.iter().cloned());
-                        d
-                    }));
+                    out.extend(prefixed(&path, sub));
                 }
                 (None, None) => {}
             }
         }
-        if o.permits_additional != u.permits_additional {
-            let kind = if u.permits_additional {
-                Kind::AdditionalPropertiesAdded
-            } else {
-                Kind::AdditionalPropertiesRemoved
-            };
-            out.push(at(kind, "additionalProperties"));
-        } else {
-            match (o.additional, u.additional) {
-                (None, Some(_)) => out.push(at(Kind::AdditionalPropertiesNarrowed, "additionalProperties")),
-                (Some(_), None) => out.push(at(Kind::AdditionalPropertiesExtended, "additionalProperties")),
-                (Some(a), Some(b)) => {
-                    let sub = self.compare(Some(a), Some(b));
-                    out.extend(under("additionalProperties", sub));
-                }
-                (None, None) => {}
-            }
-        }
+        let (before, after) = ((o.permits_additional, o.additional), (u.permits_additional, u.additional));
+        self.additional(before, after, "additionalProperties", ADDITIONAL_PROPERTIES, out);
         let unevaluated =
             self.unevaluated(o.unevaluated, u.unevaluated, "unevaluatedProperties", UNEVALUATED_PROPERTIES);
         out.extend(unevaluated);
         bound(&o.max_properties, &u.max_properties, "maxProperties", MAX_PROPERTIES, out);
         bound(&o.min_properties, &u.min_properties, "minProperties", MIN_PROPERTIES, out);
+    }
+
+    /// A property or tuple item the update no longer declares: what stands for it now.
+    fn removed(
+        &mut self,
+        a: Id,
+        open: bool,
+        partial: Option<Id>,
+        path: &[String],
+        kinds: &Removed,
+        out: &mut Vec<Diff>,
+    ) {
+        let kind = if open {
+            kinds.from_open
+        } else if let Some(s) = partial {
+            return self.covered(a, s, path, kinds.covered, out);
+        } else if matches!(self.o().node(a).shape, Shape::False) {
+            kinds.false_one
+        } else {
+            kinds.from_closed
+        };
+        out.push(Diff { kind, path: path.to_vec() });
+    }
+
+    /// A member checked against the partially open model that covers it: the check's
+    /// differences, then whether it covered (`kinds`: covered, not covered).
+    fn covered(&mut self, o: Id, u: Id, path: &[String], kinds: [Kind; 2], out: &mut Vec<Diff>) {
+        let sub = self.compare(Some(o), Some(u));
+        let kind = if self.ok(&sub) { kinds[0] } else { kinds[1] };
+        out.extend(prefixed(path, sub));
+        out.push(Diff { kind, path: path.to_vec() });
+    }
+
+    /// `additionalProperties`/`additionalItems`, each side as (permitted, schema); kinds
+    /// are (added, removed, extended, narrowed).
+    fn additional(
+        &mut self,
+        (o_permits, o_schema): (bool, Option<Id>),
+        (u_permits, u_schema): (bool, Option<Id>),
+        segment: &str,
+        kinds: [Kind; 4],
+        out: &mut Vec<Diff>,
+    ) {
+        let [added, removed, extended, narrowed] = kinds;
+        match (o_schema, u_schema) {
+            _ if o_permits != u_permits => out.push(at(if u_permits { added } else { removed }, segment)),
+            (None, Some(_)) => out.push(at(narrowed, segment)),
+            (Some(_), None) => out.push(at(extended, segment)),
+            (Some(a), Some(b)) => {
+                let sub = self.compare(Some(a), Some(b));
+                out.extend(under(segment, sub));
+            }
+            (None, None) => {}
+        }
     }
 
     /// `unevaluatedProperties`/`unevaluatedItems`: kinds are (added, removed, extended, narrowed).
@@ -210,77 +219,38 @@ impl Pass<'_> {
             (o.item_schemas.clone().unwrap_or_default(), u.item_schemas.clone().unwrap_or_default());
         for i in 0..os.len().max(us.len()) {
             let path = vec!["items".to_owned(), i.to_string()];
-            let prefixed = |diffs: Vec<Diff>| -> Vec<Diff> {
-                diffs
-                    .into_iter()
-                    .map(|mut d| {
-                        d.path.splice(0..0, path.iter().cloned());
-                        d
-                    })
-                    .collect()
-            };
-            let mark = |kind| Diff { kind, path: path.clone() };
             match (os.get(i), us.get(i)) {
                 (Some(&a), Some(&b)) => {
                     let sub = self.compare(Some(a), Some(b));
-                    out.extend(prefixed(sub));
+                    out.extend(prefixed(&path, sub));
                 }
                 (Some(&a), None) => {
-                    if open_array(self.u(), u) {
-                        out.push(mark(Kind::ItemRemovedFromOpenContentModel));
-                    } else if let Some(s) = partial_array(self.u(), u) {
-                        let sub = self.compare(Some(a), Some(s));
-                        let ok = self.ok(&sub);
-                        out.extend(prefixed(sub));
-                        out.push(mark(if ok {
-                            Kind::ItemRemovedIsCoveredByPartiallyOpenContentModel
-                        } else {
-                            Kind::ItemRemovedNotCoveredByPartiallyOpenContentModel
-                        }));
-                    } else if matches!(self.o().node(a).shape, Shape::False) {
-                        out.push(mark(Kind::ItemWithFalseRemovedFromClosedContentModel));
-                    } else {
-                        out.push(mark(Kind::ItemRemovedFromClosedContentModel));
-                    }
+                    let (open, partial) = (open_array(self.u(), u), partial_array(self.u(), u));
+                    self.removed(a, open, partial, &path, &ITEM_REMOVED, out);
                 }
                 (None, Some(&b)) => {
                     if open_array(self.o(), o) {
-                        out.push(mark(if self.u().node(b).shape.is_empty() {
+                        let kind = if self.u().node(b).shape.is_empty() {
                             Kind::ItemWithEmptySchemaAddedToOpenContentModel
                         } else {
                             Kind::ItemAddedToOpenContentModel
-                        }));
+                        };
+                        out.push(Diff { kind, path });
                     } else if let Some(s) = partial_array(self.o(), o) {
-                        let sub = self.compare(Some(s), Some(b));
-                        let ok = self.ok(&sub);
-                        out.extend(prefixed(sub));
-                        out.push(mark(if ok {
-                            Kind::ItemAddedIsCoveredByPartiallyOpenContentModel
-                        } else {
-                            Kind::ItemAddedNotCoveredByPartiallyOpenContentModel
-                        }));
+                        let covered = [
+                            Kind::ItemAddedIsCoveredByPartiallyOpenContentModel,
+                            Kind::ItemAddedNotCoveredByPartiallyOpenContentModel,
+                        ];
+                        self.covered(s, b, &path, covered, out);
                     } else {
-                        out.push(mark(Kind::ItemAddedToClosedContentModel));
+                        out.push(Diff { kind: Kind::ItemAddedToClosedContentModel, path });
                     }
                 }
                 (None, None) => {}
             }
         }
-        if o.permits_additional != u.permits_additional {
-            let kind =
-                if o.permits_additional { Kind::AdditionalItemsRemoved } else { Kind::AdditionalItemsAdded };
-            out.push(at(kind, "additionalItems"));
-        } else {
-            match (o.additional, u.additional) {
-                (None, Some(_)) => out.push(at(Kind::AdditionalItemsNarrowed, "additionalItems")),
-                (Some(_), None) => out.push(at(Kind::AdditionalItemsExtended, "additionalItems")),
-                (Some(a), Some(b)) => {
-                    let sub = self.compare(Some(a), Some(b));
-                    out.extend(under("additionalItems", sub));
-                }
-                (None, None) => {}
-            }
-        }
+        let (before, after) = ((o.permits_additional, o.additional), (u.permits_additional, u.additional));
+        self.additional(before, after, "additionalItems", ADDITIONAL_ITEMS, out);
         let unevaluated =
             self.unevaluated(o.unevaluated, u.unevaluated, "unevaluatedItems", UNEVALUATED_ITEMS);
         out.extend(unevaluated);
@@ -297,6 +267,59 @@ impl Pass<'_> {
         bound(&int(&o.min_contains), &int(&u.min_contains), "minContains", MIN_CONTAINS, out);
     }
 }
+
+/// `diffs` below `path`.
+fn prefixed(path: &[String], diffs: Vec<Diff>) -> Vec<Diff> {
+    diffs
+        .into_iter()
+        .map(|mut d| {
+            d.path.splice(0..0, path.iter().cloned());
+            d
+        })
+        .collect()
+}
+
+/// The kinds of a member the update no longer declares.
+struct Removed {
+    from_open: Kind,
+    /// Covered and not covered by a partially open model.
+    covered: [Kind; 2],
+    false_one: Kind,
+    from_closed: Kind,
+}
+
+const PROPERTY_REMOVED: Removed = Removed {
+    from_open: Kind::PropertyRemovedFromOpenContentModel,
+    covered: [
+        Kind::PropertyRemovedIsCoveredByPartiallyOpenContentModel,
+        Kind::PropertyRemovedNotCoveredByPartiallyOpenContentModel,
+    ],
+    false_one: Kind::PropertyWithFalseRemovedFromClosedContentModel,
+    from_closed: Kind::PropertyRemovedFromClosedContentModel,
+};
+
+const ITEM_REMOVED: Removed = Removed {
+    from_open: Kind::ItemRemovedFromOpenContentModel,
+    covered: [
+        Kind::ItemRemovedIsCoveredByPartiallyOpenContentModel,
+        Kind::ItemRemovedNotCoveredByPartiallyOpenContentModel,
+    ],
+    false_one: Kind::ItemWithFalseRemovedFromClosedContentModel,
+    from_closed: Kind::ItemRemovedFromClosedContentModel,
+};
+
+const ADDITIONAL_PROPERTIES: [Kind; 4] = [
+    Kind::AdditionalPropertiesAdded,
+    Kind::AdditionalPropertiesRemoved,
+    Kind::AdditionalPropertiesExtended,
+    Kind::AdditionalPropertiesNarrowed,
+];
+const ADDITIONAL_ITEMS: [Kind; 4] = [
+    Kind::AdditionalItemsAdded,
+    Kind::AdditionalItemsRemoved,
+    Kind::AdditionalItemsExtended,
+    Kind::AdditionalItemsNarrowed,
+];
 
 const UNEVALUATED_PROPERTIES: [Kind; 4] = [
     Kind::UnevaluatedPropertiesAdded,
