@@ -20,6 +20,9 @@ use crate::events::event_headers;
 use crate::kafka::Kafka;
 use crate::Credit;
 
+/// An event handled, and the registry schema its record named, if any.
+pub type SchemaSeen = (Uuid, Option<SchemaRef>);
+
 /// Applies credits to a `credits` table. Fails transiently `fail_first` times, and
 /// permanently for accounts listed in `blocked_accounts`.
 #[derive(Debug, Clone, Default)]
@@ -32,7 +35,7 @@ pub struct Ledger {
     pub gate: Option<Arc<tokio::sync::Semaphore>>,
     /// Each event handled, with the registry schema its record named (a frame or the
     /// `__value_schema_id` header), if any.
-    pub schemas: Arc<std::sync::Mutex<Vec<(Uuid, Option<SchemaRef>)>>>,
+    pub schemas: Arc<std::sync::Mutex<Vec<SchemaSeen>>>,
 }
 
 impl EventHandler<Credit> for Ledger {
