@@ -347,6 +347,31 @@ pub fn compare_with(old: &SchemaDoc, new: &SchemaDoc, mode: Mode, judge: Judge) 
 /// [`compare_with`] without its shortcut for identical documents: for tests of what serde
 /// itself can read.
 pub(crate) fn compare_each(old: &SchemaDoc, new: &SchemaDoc, mode: Mode, judge: Judge) -> Report {
+    on_a_deep_stack(|| compare_here(old, new, mode, judge))
+}
+
+/// The name of the thread [`on_a_deep_stack`] starts.
+pub(crate) const DEEP_STACK_THREAD: &str = "schema-compat";
+
+/// Runs `f` on a thread whose stack is sized for the checkers' deepest recursion (a chain
+/// of `$ref`s to ever other definitions nests as deep as it is long, up to their bounds),
+/// not on the caller's, whose stack may be small (a test's or a runtime worker's 2 MiB).
+/// The stack is reserved, not committed, until used.
+pub(crate) fn on_a_deep_stack<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    const STACK_BYTES: usize = 256 << 20;
+    std::thread::scope(|scope| {
+        let spawned = std::thread::Builder::new()
+            .name(DEEP_STACK_THREAD.to_owned())
+            .stack_size(STACK_BYTES)
+            .spawn_scoped(scope, f);
+        match spawned {
+            Ok(run) => run.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(e) => panic!("cannot start a thread for the schema check: {e}"),
+        }
+    })
+}
+
+fn compare_here(old: &SchemaDoc, new: &SchemaDoc, mode: Mode, judge: Judge) -> Report {
     let mut incompatibilities = Vec::new();
     for &direction in mode.directions() {
         let (writer, reader) = match direction {

@@ -341,3 +341,28 @@ fn registry_level_names_parse_to_a_mode_and_transitivity() {
         assert_eq!(Level::from_name(other), None, "{other:?}");
     }
 }
+
+/// A chain of `$ref`s to ever other definitions has no cycle to stop a checker: each
+/// answers (past its bound, `cannot-prove`) rather than overflow the caller's stack.
+#[test]
+fn a_long_chain_of_refs_is_answered_not_a_stack_overflow() {
+    // Past both checkers' bounds on nesting (1,024 levels).
+    const LENGTH: usize = 1_500;
+    let chain = |last: &str| {
+        let mut defs = serde_json::Map::new();
+        for i in 0..LENGTH {
+            let next = format!("#/$defs/d{}", i + 1);
+            defs.insert(
+                format!("d{i}"),
+                json!({ "type": "object", "properties": { "n": { "$ref": next } } }),
+            );
+        }
+        defs.insert(format!("d{LENGTH}"), json!({ "type": last }));
+        json!({ "$schema": "https://json-schema.org/draft/2020-12/schema", "$ref": "#/$defs/d0", "$defs": defs })
+    };
+    let (old, new) = (doc("old", chain("string")), doc("new", chain("integer")));
+    for judge in [Judge::default(), Judge::new(Semantics::JsonSchema, Policy::Strict)] {
+        let report = compare_with(&old, &new, Mode::Backward, judge);
+        assert!(!report.is_compatible(), "{judge:?}: the change at the end of the chain is not passed");
+    }
+}

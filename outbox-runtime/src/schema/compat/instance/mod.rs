@@ -30,7 +30,7 @@ mod shapes;
 mod side;
 mod values;
 
-use self::same::same;
+use self::same::{same, same_nearby};
 use self::side::{content_asserted, contested, describe, step, Step, ALL_TYPES, CONTENT};
 pub(crate) use self::side::{Part, Side, Ty};
 use self::values::{Tri, Work};
@@ -40,6 +40,9 @@ use self::values::{Tri, Work};
 const BUDGET: usize = 200_000;
 /// How deep expansions may go without descending into a property or item.
 const MAX_UNGUARDED: usize = 64;
+/// How many properties or items deep a comparison may descend (a chain of `$ref`s to
+/// ever other definitions has no cycle to stop it).
+const MAX_DESCENT: usize = 1024;
 
 /// A writer with no value of type `t`: its own bounds (minimum above maximum, ...) say so.
 fn writes_none(w: &Side<'_>, t: Ty) -> bool {
@@ -101,7 +104,7 @@ impl<'a> Instance<'a> {
             );
         }
         if let ([wp], [rp]) = (w.parts.as_slice(), r.parts.as_slice()) {
-            if wp.skip == 0 && rp.skip == 0 && same(wp.value, w.doc, rp.value, r.doc) {
+            if wp.skip == 0 && rp.skip == 0 && same_nearby(wp.value, w.doc, rp.value, r.doc) {
                 return Vec::new();
             }
         }
@@ -276,7 +279,10 @@ impl<'a> Instance<'a> {
         // As written: the writer's own `dependentSchemas` was dropped (widened) on expansion,
         // but it still holds for every value the writer writes.
         w.parts.iter().any(|p| {
-            p.value.get(keyword).and_then(|m| m.get(name)).is_some_and(|ws| same(ws, w.doc, schema, self.r))
+            p.value
+                .get(keyword)
+                .and_then(|m| m.get(name))
+                .is_some_and(|ws| same_nearby(ws, w.doc, schema, self.r))
         })
     }
 
@@ -376,6 +382,13 @@ impl<'a> Instance<'a> {
         let key = (keys(w), keys(r));
         if self.stack.contains(&key) {
             return Vec::new();
+        }
+        if self.stack.len() >= MAX_DESCENT {
+            return finding(
+                path,
+                Rule::CannotProve,
+                format!("cannot prove compatible: values nest more than {MAX_DESCENT} properties or items deep here"),
+            );
         }
         self.stack.push(key);
         let saved = std::mem::replace(&mut self.unguarded, 0);

@@ -12,6 +12,22 @@ use crate::schema::document::SchemaDoc;
 /// for annotations (`title`, `description`, `x-...`), and every `$ref` reachable from
 /// them resolving to the same schema in both documents.
 pub(super) fn same(a: &Value, ad: &SchemaDoc, b: &Value, bd: &SchemaDoc) -> bool {
+    same_within(a, ad, b, bd, usize::MAX)
+}
+
+/// References [`same_nearby`] follows at most.
+const NEARBY_REFS: usize = 64;
+
+/// [`same`] for the shortcut taken at every level of a comparison: it follows at most
+/// [`NEARBY_REFS`] references, and answers "not shown the same" past them (the comparison
+/// then goes on keyword by keyword, which is sound, only slower). Unbounded, a chain of
+/// `$ref`s that differs only at its end is walked again at every level of it: a chain
+/// 1,024 long took a minute.
+pub(super) fn same_nearby(a: &Value, ad: &SchemaDoc, b: &Value, bd: &SchemaDoc) -> bool {
+    same_within(a, ad, b, bd, NEARBY_REFS)
+}
+
+fn same_within(a: &Value, ad: &SchemaDoc, b: &Value, bd: &SchemaDoc, max_refs: usize) -> bool {
     // `$schema` is an annotation to the comparison below, but the dialect is not: draft-04
     // reads `integer` its own way, and draft-06/07 validators may check content keywords
     // that later drafts only annotate.
@@ -27,6 +43,9 @@ pub(super) fn same(a: &Value, ad: &SchemaDoc, b: &Value, bd: &SchemaDoc) -> bool
     while let Some(r) = refs.pop() {
         if !seen.insert(r.clone()) {
             continue;
+        }
+        if seen.len() > max_refs {
+            return false;
         }
         match (ad.resolve(&r), bd.resolve(&r)) {
             (Some(x), Some(y)) => {

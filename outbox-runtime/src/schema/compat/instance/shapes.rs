@@ -331,7 +331,7 @@ impl<'a> Instance<'a> {
         let same_as_reader = |p: &Part<'a>| {
             ["contains", "minContains", "maxContains"].iter().all(|k| match (p.get(k), r.get(k)) {
                 (None, None) => true,
-                (Some(a), Some(b)) => super::same(a, self.w, b, self.r),
+                (Some(a), Some(b)) => super::same_nearby(a, self.w, b, self.r),
                 _ => false,
             })
         };

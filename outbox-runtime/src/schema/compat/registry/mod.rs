@@ -214,26 +214,19 @@ pub(crate) fn differences(
     update: &Value,
     lenient: bool,
 ) -> Result<Vec<Difference>, Unpredicted> {
-    // The diff recurses once per level compared, and a chain of `$ref`s to other
-    // definitions nests as deep as it is long (up to diff's bound): it runs on a thread
-    // whose stack is sized for that, not on the caller's.
-    std::thread::scope(|scope| {
-        let run = std::thread::Builder::new()
-            .name("registry-diff".to_owned())
-            .stack_size(STACK_BYTES)
-            .spawn_scoped(scope, || {
-                let original = load::Graph::load(original)?;
-                let update = load::Graph::load(update)?;
-                diff::run(&original, &update, lenient)
-            })
-            .map_err(|e| Unpredicted(format!("cannot start a thread for the emulation: {e}")))?;
-        run.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-    })
+    // The diff recurses once per level compared (up to its bound), on the caller's
+    // thread when that is already the checker's deep one.
+    let load = || {
+        let original = load::Graph::load(original)?;
+        let update = load::Graph::load(update)?;
+        diff::run(&original, &update, lenient)
+    };
+    if std::thread::current().name() == Some(super::DEEP_STACK_THREAD) {
+        load()
+    } else {
+        super::on_a_deep_stack(load)
+    }
 }
-
-/// The emulation's stack: room for diff's deepest nesting in a debug build, reserved, not
-/// committed, until used.
-const STACK_BYTES: usize = 64 << 20;
 
 /// The differences the registry refuses under the policy (empty: it registers the change).
 pub(crate) fn refusals(
