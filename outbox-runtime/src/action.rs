@@ -47,6 +47,9 @@ pub struct ActionFilter {
     pub since: Option<SystemTime>,
     /// Failed or parked before this time.
     pub until: Option<SystemTime>,
+    /// Only rows of this cause exactly: a failure group's, its reason with numbers and
+    /// ids left out.
+    pub cause: Option<String>,
 }
 
 impl ActionFilter {
@@ -85,6 +88,14 @@ impl ActionFilter {
         self
     }
 
+    /// Only rows of failure group `cause` (a [`FailureGroup`](crate::ops::FailureGroup)'s
+    /// cause), exactly.
+    #[must_use]
+    pub fn cause(mut self, cause: impl Into<String>) -> Self {
+        self.cause = Some(cause.into());
+        self
+    }
+
     /// Refuses a filter that cannot be what its caller meant: an empty event type, topic or
     /// reason text (an unset shell variable would otherwise match every row, since every
     /// reason contains ""), or `until` not after `since`.
@@ -100,6 +111,9 @@ impl ActionFilter {
         if self.reason_contains.as_deref().is_some_and(|t| t.trim().is_empty()) {
             return empty("the reason text");
         }
+        if self.cause.as_deref().is_some_and(str::is_empty) {
+            return empty("the cause");
+        }
         if let (Some(since), Some(until)) = (self.since, self.until) {
             if until <= since {
                 return Err(crate::error::Error::Config(
@@ -111,15 +125,18 @@ impl ActionFilter {
     }
 
     /// The SQL condition on a table aliased `p` with its parameters from `$first`: event
-    /// types, topic, reason text, since, until, in that order (see [`ActionFilter::binds`]).
+    /// types, topic, reason text, since, until, cause, in that order (see
+    /// [`ActionFilter::binds`]): six parameters.
     pub(crate) fn condition(first: usize, reason: &str, time: &str) -> String {
-        let [types, topic, text, since, until] = [0, 1, 2, 3, 4].map(|i| first + i);
+        let [types, topic, text, since, until, cause] = [0, 1, 2, 3, 4, 5].map(|i| first + i);
+        let cause_of = cause_sql(reason);
         format!(
             "(${types}::text[] IS NULL OR p.event_type = ANY(${types})) \
              AND (${topic}::text IS NULL OR p.topic = ${topic}) \
              AND (${text}::text IS NULL OR strpos(lower(coalesce({reason}, '')), lower(${text})) > 0) \
              AND (${since}::float8 IS NULL OR {time} >= to_timestamp(${since})) \
-             AND (${until}::float8 IS NULL OR {time} < to_timestamp(${until}))"
+             AND (${until}::float8 IS NULL OR {time} < to_timestamp(${until})) \
+             AND (${cause}::text IS NULL OR {cause_of} = ${cause})"
         )
     }
 
@@ -131,13 +148,26 @@ impl ActionFilter {
             self.reason_contains.clone(),
             self.since.map(epoch_seconds),
             self.until.map(epoch_seconds),
+            self.cause.clone(),
         )
     }
 }
 
 /// [`ActionFilter::condition`]'s parameter values: event types, topic, reason text, since
-/// and until (epoch seconds).
-pub(crate) type Binds = (Option<Vec<String>>, Option<String>, Option<String>, Option<f64>, Option<f64>);
+/// and until (epoch seconds), cause.
+pub(crate) type Binds =
+    (Option<Vec<String>>, Option<String>, Option<String>, Option<f64>, Option<f64>, Option<String>);
+
+/// The cause of a failure, from its reason (an SQL expression of text): the reason with
+/// ids and numbers left out (`<id>`, `<n>`), at most 300 characters, so that failures of
+/// one cause on different events, offsets or attempts group together.
+pub(crate) fn cause_sql(reason: &str) -> String {
+    format!(
+        "left(regexp_replace(regexp_replace(coalesce({reason}, ''), \
+           '[0-9a-fA-F]{{8}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{4}}-[0-9a-fA-F]{{12}}', '<id>', 'g'), \
+           '[0-9]+', '<n>', 'g'), 300)"
+    )
+}
 
 /// What an operator's action found and did: counts read back from the database, not
 /// what was asked for.
@@ -191,15 +221,15 @@ impl Audit<'_> {
         matched: u64,
     ) -> Result<i64> {
         let consumer = if self.consumer.is_some() { "consumer, " } else { "" };
-        let value = if self.consumer.is_some() { "$10, " } else { "" };
+        let value = if self.consumer.is_some() { "$11, " } else { "" };
         let sql = format!(
             "INSERT INTO {} ({consumer}actor, action, reason, matched, filter) \
              VALUES ({value}$1, $2, $3, $4, jsonb_strip_nulls(jsonb_build_object('event_types', $5::text[], 'topic', $6::text, \
-                 'reason_contains', $7::text, 'since', to_timestamp($8::float8), 'until', to_timestamp($9::float8)))) \
+                 'reason_contains', $7::text, 'since', to_timestamp($8::float8), 'until', to_timestamp($9::float8), 'cause', $10::text))) \
              RETURNING id",
             self.table
         );
-        let (types, topic, text, since, until) = filter.binds();
+        let (types, topic, text, since, until, cause) = filter.binds();
         let mut query = sqlx::query_scalar(AssertSqlSafe(sql))
             .bind(self.actor)
             .bind(self.action)
@@ -209,7 +239,8 @@ impl Audit<'_> {
             .bind(topic)
             .bind(text)
             .bind(since)
-            .bind(until);
+            .bind(until)
+            .bind(cause);
         if let Some(consumer) = self.consumer {
             query = query.bind(consumer);
         }

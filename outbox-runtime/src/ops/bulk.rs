@@ -36,7 +36,7 @@ impl Ops {
         actor: &str,
         dry_run: bool,
     ) -> Result<ActionReport> {
-        let set = "status = 'discarded', last_error = 'discarded: ' || $7";
+        let set = "status = 'discarded', last_error = 'discarded: ' || $8";
         self.act(pool, filter, actor, dry_run, "discard", Some(reason), set)
             .await
             .map_err(|e| self.not_migrated(e))
@@ -71,7 +71,7 @@ impl Ops {
         let names = self.names();
         let t = &names.outbox;
         let condition = ActionFilter::condition(1, "p.last_error", "coalesce(p.failed_at, p.created_at)");
-        let (types, topic, text, since, until) = filter.binds();
+        let (types, topic, text, since, until, cause) = filter.binds();
         let matching: Vec<(i64, Uuid)> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT p.id, p.event_id FROM {t} p WHERE p.status = 'failed' AND {condition} ORDER BY p.id"
         )))
@@ -80,6 +80,7 @@ impl Ops {
         .bind(&text)
         .bind(since)
         .bind(until)
+        .bind(&cause)
         .fetch_all(pool)
         .await?;
         let mut report = ActionReport {
@@ -94,7 +95,7 @@ impl Ops {
         }
         let audit = Audit { table: &names.audit, consumer: None, actor, action, reason };
         let change = format!(
-            "UPDATE {t} p SET {set} WHERE p.id = ANY($6) AND p.status = 'failed' AND {condition} RETURNING p.id"
+            "UPDATE {t} p SET {set} WHERE p.id = ANY($7) AND p.status = 'failed' AND {condition} RETURNING p.id"
         );
         let mut tx = pool.begin().await?;
         let audit_id = audit.start(&mut tx, filter, report.matched).await?;
@@ -115,6 +116,7 @@ impl Ops {
                 .bind(&text)
                 .bind(since)
                 .bind(until)
+                .bind(&cause)
                 .bind(&ids);
             if let Some(reason) = reason {
                 query = query.bind(reason);

@@ -13,16 +13,23 @@ use crate::capacity::seconds_to_full;
 use crate::error::Result;
 use crate::outbox::Outbox;
 
+mod browse;
+mod browse_index;
 mod bulk;
 mod deprecated;
+mod detail;
 mod gauges;
+mod overview;
 mod partition;
 mod purge;
 mod reconcile;
 mod replay;
 
 pub use crate::action::{ActionFilter, ActionReport};
+pub use browse::{EventPage, EventQuery, EventState, EventSummary, MAX_PAGE};
+pub use detail::{EventDetail, FailureGroup, Payload, NEIGHBOURS};
 pub use gauges::Gauges;
+pub use overview::{Capped, Overview, RelayLeases, StateCount};
 pub use partition::{KeptPartition, PartitionReport};
 pub use reconcile::{InboxSide, Reconciliation, ReconciliationRow};
 pub use replay::{ReplayFilter, ReplayReport};

@@ -68,7 +68,7 @@ impl InboxAdmin {
         } else {
             String::new()
         };
-        let (types, topic, text, since, until) = filter.binds();
+        let (types, topic, text, since, until, cause) = filter.binds();
         let matching: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
             "SELECT p.id FROM {parked} p WHERE p.consumer = $1 AND p.status IN ('parked', 'held') \
                AND {condition} {heads_only} ORDER BY p.id"
@@ -79,6 +79,7 @@ impl InboxAdmin {
         .bind(&text)
         .bind(since)
         .bind(until)
+        .bind(&cause)
         .fetch_all(&self.pool)
         .await?;
         let action = if discard.is_some() { "discard" } else { "retry" };
@@ -100,7 +101,7 @@ impl InboxAdmin {
             reason: discard,
         };
         let request = format!(
-            "UPDATE {parked} p SET retry_requested_at = now() WHERE p.id = ANY($7) AND p.consumer = $1 \
+            "UPDATE {parked} p SET retry_requested_at = now() WHERE p.id = ANY($8) AND p.consumer = $1 \
                AND p.status IN ('parked', 'held') AND p.retry_requested_at IS NULL AND {condition} AND {head}"
         );
         let mut tx = self.pool.begin().await?;
@@ -123,6 +124,7 @@ impl InboxAdmin {
                     .bind(&text)
                     .bind(since)
                     .bind(until)
+                    .bind(&cause)
                     .bind(ids)
                     .execute(&mut *tx)
                     .await?
@@ -220,7 +222,7 @@ impl InboxAdmin {
         // Read again under the lock, and the row locked (a message without a key has no key
         // lock): the consumer may have released it meanwhile.
         let condition = ActionFilter::condition(3, "p.reason", "p.parked_at");
-        let (types, topic_filter, text, since, until) = filter.binds();
+        let (types, topic_filter, text, since, until, cause) = filter.binds();
         let still = format!(
             "SELECT p.id FROM {parked} p WHERE p.id = $1 AND p.consumer = $2 \
                AND p.status IN ('parked', 'held') AND {condition} FOR UPDATE"
@@ -235,6 +237,7 @@ impl InboxAdmin {
                 .bind(&text)
                 .bind(since)
                 .bind(until)
+                .bind(&cause)
                 .fetch_optional(&mut *tx)
                 .await?;
             if open.is_some() && discard_row(tx, &self.names, id, reason).await? {

@@ -1,0 +1,216 @@
+//! One outbox event in full, its payload on request, and failed events grouped by cause.
+
+use serde::Serialize;
+use sqlx::{AssertSqlSafe, PgPool};
+use uuid::Uuid;
+
+use super::browse::{EventSummary, AGGREGATE, SUMMARY_COLUMNS};
+use super::Ops;
+use crate::action::cause_sql;
+use crate::error::Result;
+
+/// Events of its aggregate shown on each side of an event.
+pub const NEIGHBOURS: i64 = 5;
+
+/// An event in full, for operators: all but its payload ([`Ops::event_payload`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct EventDetail {
+    /// What a list shows of it.
+    #[serde(flatten)]
+    pub summary: EventSummary,
+    /// Its headers as appended (Kafka headers besides the CloudEvents ones).
+    pub headers: serde_json::Value,
+    /// When it failed, if it did (events failed before the outbox kept the time: none).
+    pub failed_at: Option<String>,
+    /// Its payload's size in bytes.
+    pub payload_bytes: i64,
+    /// Later events of its aggregate waiting behind it (when it is failed or retrying,
+    /// they are held back).
+    pub behind: i64,
+    /// Up to [`NEIGHBOURS`] events of its aggregate on each side, in id order; `None` when
+    /// the browse index by aggregate is missing.
+    pub neighbours: Option<Vec<EventSummary>>,
+}
+
+/// An event's payload, as appended: the JSON text, byte for byte (big integers exact).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Payload {
+    /// The text, cut at a character boundary when longer than asked.
+    pub text: String,
+    /// The whole payload's size in bytes.
+    pub bytes: i64,
+    /// Whether `text` is cut.
+    pub truncated: bool,
+}
+
+/// Failed events of one cause: topic and reason with its ids and numbers left out.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct FailureGroup {
+    /// The topic of its events.
+    pub topic: String,
+    /// The reason with ids and numbers left out (`<id>`, `<n>`): the group's key, and what
+    /// [`ActionFilter::cause`](crate::action::ActionFilter::cause) takes to act on it.
+    pub cause: String,
+    /// Its events' types, sorted.
+    pub event_types: Vec<String>,
+    /// How many failed events it holds.
+    pub events: i64,
+    /// When its first event failed (RFC 3339, UTC; its creation for events failed before the
+    /// outbox kept the time of failure).
+    pub first_failed_at: String,
+    /// When its last event failed.
+    pub last_failed_at: String,
+    /// Its oldest event.
+    pub oldest_event_id: Uuid,
+    /// That event's reason, in full.
+    pub example_reason: String,
+}
+
+/// An RFC 3339 UTC rendering of timestamp expression `t`.
+fn rfc3339(t: &str) -> String {
+    format!("to_char(({t}) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
+}
+
+impl Ops {
+    /// Event `event_id` in full (never its payload), with its aggregate's neighbours;
+    /// `None` when the outbox has no such event (any more).
+    pub async fn event(&self, pool: &PgPool, event_id: Uuid) -> Result<Option<EventDetail>> {
+        self.event_unchecked(pool, event_id).await.map_err(|e| self.names().not_migrated(e))
+    }
+
+    async fn event_unchecked(&self, pool: &PgPool, event_id: Uuid) -> Result<Option<EventDetail>> {
+        let t = &self.names().outbox;
+        let summary: Option<EventSummary> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT {SUMMARY_COLUMNS} FROM {t} o WHERE o.event_id = $1"
+        )))
+        .bind(event_id)
+        .fetch_optional(pool)
+        .await?;
+        let Some(summary) = summary else { return Ok(None) };
+        let (headers, failed_at, payload_bytes, behind): (serde_json::Value, Option<String>, i64, i64) =
+            sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT o.headers, {failed}, octet_length(o.payload::text)::bigint, \
+                        (SELECT count(*) FROM {t} h WHERE h.aggregate_type = o.aggregate_type \
+                           AND h.aggregate_id = o.aggregate_id AND h.status IN ('pending', 'failed') AND h.id > o.id) \
+                 FROM {t} o WHERE o.id = $1",
+                failed = rfc3339("o.failed_at"),
+            )))
+            .bind(summary.id)
+            .fetch_one(pool)
+            .await?;
+        let indexed = !self.missing_browse_indexes(pool).await?.iter().any(|m| m.ends_with(AGGREGATE));
+        let neighbours = if indexed {
+            let mut rows: Vec<EventSummary> = sqlx::query_as(AssertSqlSafe(format!(
+                "(SELECT {SUMMARY_COLUMNS} FROM {t} o WHERE o.aggregate_id = $1 AND o.aggregate_type = $2 AND o.id < $3 \
+                  ORDER BY o.id DESC LIMIT {NEIGHBOURS}) \
+                 UNION ALL \
+                 (SELECT {SUMMARY_COLUMNS} FROM {t} o WHERE o.aggregate_id = $1 AND o.aggregate_type = $2 AND o.id > $3 \
+                  ORDER BY o.id LIMIT {NEIGHBOURS})"
+            )))
+            .bind(&summary.aggregate_id)
+            .bind(&summary.aggregate_type)
+            .bind(summary.id)
+            .fetch_all(pool)
+            .await?;
+            rows.sort_by_key(|e| e.id);
+            Some(rows)
+        } else {
+            None
+        };
+        Ok(Some(EventDetail { summary, headers, failed_at, payload_bytes, behind, neighbours }))
+    }
+
+    /// Event `event_id`'s payload as appended, at most `max_bytes` of it (cut at a
+    /// character boundary); `None` when the outbox has no such event.
+    pub async fn event_payload(
+        &self,
+        pool: &PgPool,
+        event_id: Uuid,
+        max_bytes: usize,
+    ) -> Result<Option<Payload>> {
+        self.event_payload_unchecked(pool, event_id, max_bytes)
+            .await
+            .map_err(|e| self.names().not_migrated(e))
+    }
+
+    async fn event_payload_unchecked(
+        &self,
+        pool: &PgPool,
+        event_id: Uuid,
+        max_bytes: usize,
+    ) -> Result<Option<Payload>> {
+        // A character is at least one byte: read no more characters than could be kept.
+        let chars = i32::try_from(max_bytes).unwrap_or(i32::MAX);
+        let row: Option<(String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT left(payload::text, $2), octet_length(payload::text)::bigint FROM {} WHERE event_id = $1",
+            self.names().outbox
+        )))
+        .bind(event_id)
+        .bind(chars)
+        .fetch_optional(pool)
+        .await?;
+        Ok(row.map(|(mut text, bytes)| {
+            if text.len() > max_bytes {
+                let mut end = max_bytes;
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                text.truncate(end);
+            }
+            let truncated = i64::try_from(text.len()).unwrap_or(i64::MAX) < bytes;
+            Payload { text, bytes, truncated }
+        }))
+    }
+
+    /// Failed events grouped by topic and cause, the largest group first.
+    pub async fn failure_groups(&self, pool: &PgPool) -> Result<Vec<FailureGroup>> {
+        self.failure_groups_unchecked(pool).await.map_err(|e| self.names().not_migrated(e))
+    }
+
+    async fn failure_groups_unchecked(&self, pool: &PgPool) -> Result<Vec<FailureGroup>> {
+        let cause = cause_sql("o.last_error");
+        let time = "coalesce(o.failed_at, o.created_at)";
+        let sql = format!(
+            "SELECT g.topic, g.cause, g.event_types, g.events, {first}, {last}, x.event_id, coalesce(x.last_error, '') \
+             FROM (SELECT o.topic, {cause} AS cause, array_agg(DISTINCT o.event_type ORDER BY o.event_type) AS event_types, \
+                          count(*) AS events, min({time}) AS first_at, max({time}) AS last_at, min(o.id) AS oldest \
+                   FROM {t} o WHERE o.status = 'failed' GROUP BY 1, 2) g \
+             JOIN {t} x ON x.id = g.oldest \
+             ORDER BY g.events DESC, g.topic, g.cause",
+            t = self.names().outbox,
+            first = rfc3339("g.first_at"),
+            last = rfc3339("g.last_at"),
+        );
+        type Row = (String, String, Vec<String>, i64, String, String, Uuid, String);
+        let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(sql)).fetch_all(pool).await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(
+                    topic,
+                    cause,
+                    event_types,
+                    events,
+                    first_failed_at,
+                    last_failed_at,
+                    oldest_event_id,
+                    example_reason,
+                )| {
+                    FailureGroup {
+                        topic,
+                        cause,
+                        event_types,
+                        events,
+                        first_failed_at,
+                        last_failed_at,
+                        oldest_event_id,
+                        example_reason,
+                    }
+                },
+            )
+            .collect())
+    }
+}

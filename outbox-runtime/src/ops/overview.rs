@@ -1,0 +1,147 @@
+//! What an operator looks at first: per state and topic, how many events (counted up to a
+//! cap, so that a look costs the same on a table of millions), the oldest unpublished one's
+//! age, the relays and the work partitions they hold.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use sqlx::{AssertSqlSafe, PgPool};
+use uuid::Uuid;
+
+use super::browse::EventState;
+use super::Ops;
+use crate::error::Result;
+
+/// A count that stops at a cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Capped {
+    /// The rows counted.
+    pub count: i64,
+    /// Whether counting stopped at the cap: there are at least `count`.
+    pub at_least: bool,
+}
+
+/// One state's events.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct StateCount {
+    /// The state.
+    pub state: EventState,
+    /// How many events are in it (up to the cap).
+    pub events: Capped,
+    /// Of those counted, how many per topic (topics with none counted left out).
+    pub by_topic: BTreeMap<String, i64>,
+}
+
+/// A relay that heartbeats into this outbox's table, and the work partitions it holds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct RelayLeases {
+    /// Its id (`None`: work partitions no relay holds).
+    pub relay_id: Option<Uuid>,
+    /// Its last heartbeat (RFC 3339, UTC), if it still has a row.
+    pub heartbeat_at: Option<String>,
+    /// Seconds since then.
+    pub heartbeat_age_seconds: Option<f64>,
+    /// Work partitions whose lease it holds and has not let expire.
+    pub live_partitions: i64,
+    /// Work partitions whose lease it held and let expire (another relay takes them).
+    pub expired_partitions: i64,
+}
+
+/// The outbox at one look, from [`Ops::overview`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct Overview {
+    /// Per state, in the order events move through them.
+    pub states: Vec<StateCount>,
+    /// The cap the counts stop at.
+    pub cap: i64,
+    /// Age in seconds of the oldest event not yet published (pending, retrying or failed).
+    pub oldest_unpublished_age_seconds: Option<f64>,
+    /// The relays and the work partitions they hold; lease holders first.
+    pub relays: Vec<RelayLeases>,
+}
+
+impl Ops {
+    /// Counts per state and topic up to `cap` rows per state, the oldest unpublished
+    /// event's age, and the relays with their leases. Each count reads at most `cap` index
+    /// entries, whatever the size of the table.
+    pub async fn overview(&self, pool: &PgPool, cap: u32) -> Result<Overview> {
+        self.overview_unchecked(pool, cap).await.map_err(|e| self.names().not_migrated(e))
+    }
+
+    async fn overview_unchecked(&self, pool: &PgPool, cap: u32) -> Result<Overview> {
+        let names = self.names();
+        let t = &names.outbox;
+        let cap = i64::from(cap.max(1));
+        let mut states = Vec::new();
+        for state in EventState::ALL {
+            // One more than the cap's worth of rows, in whatever order the state's index
+            // gives them: the last tells that the count stopped at the cap.
+            let rows: Vec<(String, i64, bool)> = sqlx::query_as(AssertSqlSafe(format!(
+                "SELECT topic, count(*) FILTER (WHERE n <= $1), bool_or(n > $1) \
+                 FROM (SELECT s.topic, row_number() OVER () AS n \
+                       FROM (SELECT o.topic FROM {t} o WHERE {condition} LIMIT $1 + 1) s) c \
+                 GROUP BY topic ORDER BY topic",
+                condition = state
+                    .condition()
+                    .replace("status", "o.status")
+                    .replace("next_attempt_at", "o.next_attempt_at"),
+            )))
+            .bind(cap)
+            .fetch_all(pool)
+            .await?;
+            let at_least = rows.iter().any(|(_, _, beyond)| *beyond);
+            states.push(StateCount {
+                state,
+                events: Capped { count: rows.iter().map(|(_, n, _)| n).sum(), at_least },
+                by_topic: rows
+                    .into_iter()
+                    .filter(|(_, n, _)| *n > 0)
+                    .map(|(topic, n, _)| (topic, n))
+                    .collect(),
+            });
+        }
+        // The oldest of each unpublished state is its lowest id.
+        let oldest: Option<f64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT EXTRACT(EPOCH FROM now() - min(created_at))::float8 FROM ( \
+               (SELECT created_at FROM {t} WHERE {pending} ORDER BY id LIMIT 1) \
+               UNION ALL (SELECT created_at FROM {t} WHERE {retrying} ORDER BY next_attempt_at, id LIMIT 1) \
+               UNION ALL (SELECT created_at FROM {t} WHERE {failed} ORDER BY id LIMIT 1)) o",
+            pending = EventState::Pending.condition(),
+            retrying = EventState::Retrying.condition(),
+            failed = EventState::Failed.condition(),
+        )))
+        .fetch_one(pool)
+        .await?;
+        type Row = (Option<Uuid>, Option<String>, Option<f64>, i64, i64);
+        let relays: Vec<Row> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT coalesce(l.owner, r.relay_id), \
+                    to_char(r.heartbeat_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
+                    EXTRACT(EPOCH FROM now() - r.heartbeat_at)::float8, \
+                    count(l.work_partition) FILTER (WHERE l.owner IS NOT NULL AND l.expires_at > now()), \
+                    count(l.work_partition) FILTER (WHERE l.owner IS NULL OR l.expires_at <= now()) \
+             FROM {leases} l FULL JOIN {relays} r ON r.relay_id = l.owner \
+             GROUP BY 1, r.heartbeat_at \
+             ORDER BY 4 DESC, 1",
+            leases = names.leases,
+            relays = names.relays,
+        )))
+        .fetch_all(pool)
+        .await?;
+        let relays = relays
+            .into_iter()
+            .map(|(relay_id, heartbeat_at, heartbeat_age_seconds, live_partitions, expired_partitions)| {
+                RelayLeases {
+                    relay_id,
+                    heartbeat_at,
+                    heartbeat_age_seconds,
+                    live_partitions,
+                    expired_partitions,
+                }
+            })
+            .collect();
+        Ok(Overview { states, cap, oldest_unpublished_age_seconds: oldest, relays })
+    }
+}
