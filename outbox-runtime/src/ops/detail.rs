@@ -188,29 +188,16 @@ impl Ops {
         let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(sql)).fetch_all(pool).await?;
         Ok(rows
             .into_iter()
-            .map(
-                |(
-                    topic,
-                    cause,
-                    event_types,
-                    events,
-                    first_failed_at,
-                    last_failed_at,
-                    oldest_event_id,
-                    example_reason,
-                )| {
-                    FailureGroup {
-                        topic,
-                        cause,
-                        event_types,
-                        events,
-                        first_failed_at,
-                        last_failed_at,
-                        oldest_event_id,
-                        example_reason,
-                    }
-                },
-            )
+            .map(|r| FailureGroup {
+                topic: r.0,
+                cause: r.1,
+                event_types: r.2,
+                events: r.3,
+                first_failed_at: r.4,
+                last_failed_at: r.5,
+                oldest_event_id: r.6,
+                example_reason: r.7,
+            })
             .collect())
     }
 }
