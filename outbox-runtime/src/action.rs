@@ -169,6 +169,11 @@ pub(crate) fn cause_sql(reason: &str) -> String {
     )
 }
 
+/// An RFC 3339 UTC rendering of timestamp expression `t` (microseconds, `Z`).
+pub(crate) fn rfc3339(t: &str) -> String {
+    format!("to_char(({t}) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
+}
+
 /// What an operator's action found and did: counts read back from the database, not
 /// what was asked for.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -285,4 +290,100 @@ pub(crate) fn audit_table_sql(table: &str, extra: &str) -> String {
          \x20   skipped  bigint NOT NULL DEFAULT 0\n\
          );\n"
     )
+}
+
+/// One operator action as its audit table keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct AuditEntry {
+    /// Its row id: the page cursor.
+    pub id: i64,
+    /// When it started (RFC 3339, UTC).
+    pub at: String,
+    /// The inbox consumer it acted on; `None` for the outbox.
+    pub consumer: Option<String>,
+    /// Who (the `actor` the caller gave).
+    pub actor: String,
+    /// `retry` or `discard`.
+    pub action: String,
+    /// The reason given to a discard.
+    pub reason: Option<String>,
+    /// The filter it matched rows with, as JSON.
+    pub filter: serde_json::Value,
+    /// Rows matching when it started.
+    pub matched: i64,
+    /// Rows it changed so far (kept by every batch).
+    pub applied: i64,
+    /// Matched rows it left alone.
+    pub skipped: i64,
+}
+
+impl sqlx::FromRow<'_, sqlx::postgres::PgRow> for AuditEntry {
+    fn from_row(r: &sqlx::postgres::PgRow) -> sqlx::Result<Self> {
+        use sqlx::Row as _;
+        Ok(AuditEntry {
+            id: r.try_get("id")?,
+            at: r.try_get("at")?,
+            consumer: r.try_get("consumer")?,
+            actor: r.try_get("actor")?,
+            action: r.try_get("action")?,
+            reason: r.try_get("reason")?,
+            filter: r.try_get("filter")?,
+            matched: r.try_get("matched")?,
+            applied: r.try_get("applied")?,
+            skipped: r.try_get("skipped")?,
+        })
+    }
+}
+
+/// Rows listed per page at most, by every browsing call (events, inbox records, parked
+/// messages, audit entries).
+pub const MAX_PAGE: u32 = 500;
+
+/// A page of audit entries, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct AuditPage {
+    /// The entries.
+    pub entries: Vec<AuditEntry>,
+    /// The cursor of the next page (entries with a lower id); `None` on the last page.
+    pub next: Option<i64>,
+}
+
+/// A page of audit table `table` (of the inbox's `consumer`, when given), entries below id
+/// `before`, at most `limit` (1 to [`MAX_PAGE`]).
+pub(crate) async fn audit_page(
+    pool: &sqlx::PgPool,
+    table: &str,
+    consumer: Option<&str>,
+    before: Option<i64>,
+    limit: u32,
+) -> Result<AuditPage> {
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(crate::error::Error::Config(format!(
+            "the audit page: limit {limit} is not between 1 and {}",
+            MAX_PAGE
+        )));
+    }
+    let (column, condition) =
+        if consumer.is_some() { ("a.consumer", "a.consumer = $2") } else { ("NULL::text", "true") };
+    let sql = format!(
+        "SELECT a.id, {at} AS at, {column} AS consumer, a.actor, a.action, a.reason, a.filter, a.matched, a.applied, \
+                a.skipped \
+         FROM {table} a WHERE ($1::bigint IS NULL OR a.id < $1) AND {condition} ORDER BY a.id DESC LIMIT {limit}",
+        at = rfc3339("a.at"),
+        limit = limit + 1
+    );
+    let mut query = sqlx::query_as::<_, AuditEntry>(AssertSqlSafe(sql)).bind(before);
+    if let Some(consumer) = consumer {
+        query = query.bind(consumer);
+    }
+    let mut entries = query.fetch_all(pool).await?;
+    let next = if entries.len() > limit as usize {
+        entries.truncate(limit as usize);
+        entries.last().map(|e| e.id)
+    } else {
+        None
+    };
+    Ok(AuditPage { entries, next })
 }

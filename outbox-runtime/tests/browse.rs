@@ -355,6 +355,21 @@ async fn failures_group_by_cause_and_a_group_is_retried_exactly(pool: PgPool) {
         .await
         .expect("audit");
     assert_eq!(filter["cause"], groups[0].cause.as_str(), "the audit names the group: {filter}");
+    // The audit page reads the same row, newest first, without a consumer.
+    ops.discard_failed(&pool, &ActionFilter::default().topic("nowhere"), "none", "bob", false)
+        .await
+        .expect("discard");
+    let page = ops.audit(&pool, None, 1).await.expect("audit page");
+    assert_eq!((page.entries[0].actor.as_str(), page.entries[0].matched), ("bob", 0));
+    let older = ops.audit(&pool, page.next, 10).await.expect("next page");
+    let entry = &older.entries[0];
+    assert_eq!(
+        (entry.id, entry.actor.as_str(), entry.action.as_str()),
+        (report.audit_id.expect("id"), "alice", "retry")
+    );
+    assert_eq!((entry.matched, entry.applied, entry.consumer.as_deref()), (4, 4, None));
+    assert_eq!(entry.filter, filter);
+    assert!(older.next.is_none());
 }
 
 #[sqlx::test(migrations = false)]

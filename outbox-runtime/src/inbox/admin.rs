@@ -6,7 +6,12 @@
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 
+mod browse;
 mod bulk;
+mod parked;
+
+pub use browse::{AppliedCursor, AppliedPage, AppliedQuery, AppliedRecord};
+pub use parked::{ParkedGroup, ParkedPage, ParkedQuery, ParkedSummary};
 
 use super::store::{InboxNames, Store};
 use super::ParkedMessage;

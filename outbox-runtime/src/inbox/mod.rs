@@ -53,7 +53,10 @@ use std::sync::Arc;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-pub use self::admin::{Discarded, InboxAdmin};
+pub use self::admin::{
+    AppliedCursor, AppliedPage, AppliedQuery, AppliedRecord, Discarded, InboxAdmin, ParkedGroup, ParkedPage,
+    ParkedQuery, ParkedSummary,
+};
 pub use self::config::InboxConfig;
 pub use self::handler::{
     BoxFuture, EventHandler, HandlerError, Handlers, Meta, RawHandler, IDEMPOTENCY_NAMESPACE,
@@ -65,7 +68,7 @@ pub use self::retention::{judge as judge_retention, judge_topic, RetentionVerdic
 pub use self::stats::InboxStats;
 pub(crate) use self::store::InboxNames;
 use self::store::Store;
-pub use crate::action::{ActionFilter, ActionReport};
+pub use crate::action::{ActionFilter, ActionReport, AuditEntry, AuditPage, MAX_PAGE};
 use crate::error::Result;
 
 type Bytes = Vec<u8>;

@@ -21,8 +21,7 @@ use super::Ops;
 use crate::action::epoch_seconds;
 use crate::error::{Error, Result};
 
-/// Events listed per page at most.
-pub const MAX_PAGE: u32 = 500;
+pub use crate::action::MAX_PAGE;
 
 /// The state of an outbox event, as the console and [`EventQuery`] name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]

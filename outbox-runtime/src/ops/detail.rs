@@ -6,7 +6,7 @@ use uuid::Uuid;
 
 use super::browse::{EventSummary, AGGREGATE, SUMMARY_COLUMNS};
 use super::Ops;
-use crate::action::cause_sql;
+use crate::action::{audit_page, cause_sql, rfc3339, AuditPage};
 use crate::error::Result;
 
 /// Events of its aggregate shown on each side of an event.
@@ -67,11 +67,6 @@ pub struct FailureGroup {
     pub oldest_event_id: Uuid,
     /// That event's reason, in full.
     pub example_reason: String,
-}
-
-/// An RFC 3339 UTC rendering of timestamp expression `t`.
-fn rfc3339(t: &str) -> String {
-    format!("to_char(({t}) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
 }
 
 impl Ops {
@@ -199,5 +194,13 @@ impl Ops {
                 example_reason: r.7,
             })
             .collect())
+    }
+
+    /// A page of the audit of operators' actions on this outbox, newest first: entries
+    /// below id `before`, at most `limit` (1 to [`MAX_PAGE`](super::MAX_PAGE)).
+    pub async fn audit(&self, pool: &PgPool, before: Option<i64>, limit: u32) -> Result<AuditPage> {
+        audit_page(pool, &self.names().audit, None, before, limit)
+            .await
+            .map_err(|e| self.names().not_migrated(e))
     }
 }

@@ -25,7 +25,7 @@ mod purge;
 mod reconcile;
 mod replay;
 
-pub use crate::action::{ActionFilter, ActionReport};
+pub use crate::action::{ActionFilter, ActionReport, AuditEntry, AuditPage};
 pub use browse::{EventPage, EventQuery, EventState, EventSummary, MAX_PAGE};
 pub use detail::{EventDetail, FailureGroup, Payload, NEIGHBOURS};
 pub use gauges::Gauges;

@@ -1,0 +1,227 @@
+//! Browsing one consumer's inbox (`InboxAdmin`): applied records in keyset pages newest
+//! first, checked against the table read whole (generated rows with many ties on the time,
+//! generated queries, seed printed); parked messages a page at a time, with keys that are
+//! not UTF-8; parked messages grouped by cause and a retry of exactly one group; the audit
+//! of that action, of this consumer only.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use outbox_runtime::inbox::{ActionFilter, AppliedQuery, AppliedRecord, InboxAdmin, ParkedQuery};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+mod common;
+
+use common::{billing_inbox, park, Parked};
+
+const OUTCOMES: [&str; 3] = ["applied", "stale", "discarded"];
+/// The applied times rows are given: few, so that many rows share one (rows applied in one
+/// transaction share `now()`).
+const BASE_SECONDS: i64 = 1_800_000_000;
+
+/// `n` records of `consumer`, times drawn from 8 instants (some a microsecond apart).
+async fn random_records(pool: &PgPool, consumer: &str, n: usize, rng: &mut fastrand::Rng) {
+    for i in 0..n {
+        let micros = BASE_SECONDS * 1_000_000
+            + [0, 1, 2, 1_000_000, 1_000_001, 7_000_000, 7_000_001, 9_999_999][rng.usize(0..8)];
+        sqlx::query(
+            "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, \
+                                outcome, applied_at, bucket) \
+             VALUES ($1, $2, 'order.placed', 1, 'orders', 0, $3, $4, to_timestamp(0) + $5 * interval '1 microsecond', \
+                     inbox_bucket($2))",
+        )
+        .bind(consumer)
+        .bind(Uuid::from_u128(rng.u128(..)))
+        .bind(i64::try_from(i).expect("i"))
+        .bind(OUTCOMES[rng.usize(0..OUTCOMES.len())])
+        .bind(micros)
+        .execute(pool)
+        .await
+        .expect("record");
+    }
+}
+
+/// `(micros, event id, outcome)` of `consumer`'s records, newest first, as PostgreSQL orders them.
+async fn truth(pool: &PgPool, consumer: &str) -> Vec<(i64, Uuid, String)> {
+    sqlx::query_as(
+        "SELECT (extract(epoch FROM applied_at) * 1000000)::bigint, event_id, outcome FROM inbox \
+         WHERE consumer = $1 ORDER BY applied_at DESC, event_id DESC",
+    )
+    .bind(consumer)
+    .fetch_all(pool)
+    .await
+    .expect("truth")
+}
+
+async fn walk(admin: &InboxAdmin, query: &AppliedQuery) -> Vec<AppliedRecord> {
+    let mut all = Vec::new();
+    let mut query = query.clone();
+    for _ in 0..1_000 {
+        let page = admin.applied(&query).await.expect("page");
+        assert!(page.records.len() <= query.limit as usize);
+        all.extend(page.records);
+        match page.next {
+            Some(next) => query = query.before(next),
+            None => return all,
+        }
+    }
+    panic!("more than 1,000 pages");
+}
+
+fn at(micros: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(u64::try_from(micros).expect("after the epoch"))
+}
+
+#[sqlx::test(migrations = false)]
+async fn applied_records_page_newest_first_like_the_table_read_whole(pool: PgPool) {
+    let seed = std::env::var("OUTBOX_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    eprintln!("inbox browse: OUTBOX_TEST_SEED={seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    billing_inbox(&pool).await;
+    random_records(&pool, "billing", 240, &mut rng).await;
+    random_records(&pool, "shipping", 40, &mut rng).await;
+    let admin = InboxAdmin::new(pool.clone(), "public", "inbox", "billing").expect("admin");
+    let rows = truth(&pool, "billing").await;
+    let instants: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    for round in 0..40 {
+        let mut query = AppliedQuery::default().limit(rng.u32(1..30));
+        if rng.bool() {
+            query = query.outcome(OUTCOMES[rng.usize(0..3)]);
+        }
+        if rng.u8(0..4) == 0 {
+            query = query.since(at(instants[rng.usize(0..instants.len())]));
+        }
+        if rng.u8(0..4) == 0 {
+            query = query.until(at(instants[rng.usize(0..instants.len())] + 1));
+        }
+        if rng.u8(0..8) == 0 {
+            query = query.event_id(rows[rng.usize(0..rows.len())].1);
+        }
+        let expected: Vec<Uuid> = rows
+            .iter()
+            .filter(|(micros, id, outcome)| {
+                query.outcome.as_ref().is_none_or(|o| o == outcome)
+                    && query.event_id.is_none_or(|e| e == *id)
+                    && query.since.is_none_or(|s| at(*micros) >= s)
+                    && query.until.is_none_or(|u| at(*micros) < u)
+            })
+            .map(|r| r.1)
+            .collect();
+        if matches!((query.since, query.until), (Some(s), Some(u)) if u <= s) {
+            assert!(admin.applied(&query).await.is_err(), "until not after since is refused");
+            continue;
+        }
+        let got: Vec<Uuid> = walk(&admin, &query).await.iter().map(|r| r.event_id).collect();
+        assert_eq!(got, expected, "round {round}, seed {seed}: {query:?}");
+    }
+    let shipping = InboxAdmin::new(pool.clone(), "public", "inbox", "shipping").expect("admin");
+    assert_eq!(walk(&shipping, &AppliedQuery::default().limit(500)).await.len(), 40, "one consumer's only");
+    let cursor =
+        admin.applied(&AppliedQuery::default().limit(3)).await.expect("page").next.expect("a next page");
+    assert_eq!(cursor.to_string().parse::<outbox_runtime::inbox::AppliedCursor>().expect("parses"), cursor);
+    for bad in ["", "12", "x~y", "12~not-a-uuid"] {
+        let err = bad.parse::<outbox_runtime::inbox::AppliedCursor>().expect_err(bad).to_string();
+        assert!(err.contains(&format!("{bad:?}")), "names the cursor: {err}");
+    }
+    for query in [
+        AppliedQuery::default().limit(0),
+        AppliedQuery::default().limit(501),
+        AppliedQuery::default().outcome("done"),
+    ] {
+        assert!(matches!(admin.applied(&query).await, Err(outbox_runtime::Error::Config(_))), "{query:?}");
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn parked_messages_page_group_by_cause_and_a_group_retry_is_audited(pool: PgPool) {
+    billing_inbox(&pool).await;
+    let rows: Vec<Parked<'_>> = (0..7)
+        .map(|i| Parked {
+            partition: 0,
+            offset: i,
+            key: ["k1", "k2", "k3", "k4", "k5", "k6", "k7"][usize::try_from(i).expect("i")],
+            event_type: if i % 2 == 0 { "invoice.issued" } else { "order.placed" },
+            version: 1,
+            status: "parked",
+            reason: if i < 4 {
+                "handler failed: ledger 17 closed for offset 9"
+            } else {
+                "no handler for event type <script>alert(1)</script> version 2"
+            },
+        })
+        .collect();
+    park(&pool, &rows).await;
+    sqlx::query("UPDATE inbox_parked SET record_key = '\\xff00fe'::bytea, reason = 'handler failed: ledger 4 closed for offset 123' WHERE id = 2")
+        .execute(&pool)
+        .await
+        .expect("a key that is not UTF-8");
+    let admin = InboxAdmin::new(pool.clone(), "public", "inbox", "billing").expect("admin");
+
+    let first = admin.parked_page(&ParkedQuery::default().limit(3)).await.expect("page");
+    assert_eq!(first.messages.iter().map(|m| m.id).collect::<Vec<_>>(), [7, 6, 5]);
+    let second = admin.parked_page(&ParkedQuery::default().limit(3).before(first.next)).await.expect("page");
+    assert_eq!(second.messages.iter().map(|m| m.id).collect::<Vec<_>>(), [4, 3, 2]);
+    assert_eq!(second.messages[2].record_key.as_deref(), Some("0xff00fe"));
+    assert_eq!(second.messages[1].record_key.as_deref(), Some("k3"));
+    assert_eq!(second.messages[0].payload_bytes, "PAYLOAD-MARKER".len() as i32);
+    let typed = admin.parked_page(&ParkedQuery::default().event_type("order.placed")).await.expect("page");
+    assert_eq!(typed.messages.iter().map(|m| m.id).collect::<Vec<_>>(), [6, 4, 2]);
+    assert!(admin.parked_page(&ParkedQuery::default().status("stuck")).await.is_err());
+    let (one, headers) = admin.parked_message(2).await.expect("read").expect("message 2");
+    assert_eq!((one.id, headers), (2, serde_json::json!({})));
+    assert!(admin.parked_message(99).await.expect("read").is_none());
+    assert!(!format!("{first:?}{second:?}").contains("PAYLOAD-MARKER"), "a page never carries the payload");
+
+    let groups = admin.parked_groups().await.expect("groups");
+    let summary: Vec<(&str, i64, i64)> =
+        groups.iter().map(|g| (g.cause.as_str(), g.messages, g.oldest_id)).collect();
+    assert_eq!(
+        summary,
+        [
+            ("handler failed: ledger <n> closed for offset <n>", 4, 1),
+            ("no handler for event type <script>alert(<n>)</script> version <n>", 3, 5),
+        ]
+    );
+    assert_eq!(groups[0].event_types, ["invoice.issued", "order.placed"]);
+    assert_eq!(groups[0].example_reason, "handler failed: ledger 17 closed for offset 9");
+
+    // Another consumer's message of the same topic and cause is never taken.
+    sqlx::query(
+        "INSERT INTO inbox_parked (consumer, topic, kafka_partition, kafka_offset, record_key, headers, payload, status, reason) \
+         VALUES ('shipping', 'orders', 0, 1, 'k1', '{}', 'x', 'parked', 'handler failed: ledger 1 closed for offset 2')",
+    )
+    .execute(&pool)
+    .await
+    .expect("other consumer");
+    let filter = ActionFilter::default().topic(groups[0].topic.clone()).cause(groups[0].cause.clone());
+    let report = admin.retry_matching(&filter, "ops@example", false).await.expect("retry");
+    assert_eq!((report.matched, report.applied), (4, 4));
+    let requested: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM inbox_parked WHERE retry_requested_at IS NOT NULL ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .expect("requested");
+    assert_eq!(requested, [1, 2, 3, 4]);
+
+    let audit = admin.audit(None, 10).await.expect("audit");
+    assert_eq!(audit.entries.len(), 1);
+    let entry = &audit.entries[0];
+    assert_eq!(
+        (
+            entry.consumer.as_deref(),
+            entry.actor.as_str(),
+            entry.action.as_str(),
+            entry.matched,
+            entry.applied
+        ),
+        (Some("billing"), "ops@example", "retry", 4, 4)
+    );
+    assert_eq!(entry.filter["cause"], groups[0].cause.as_str());
+    assert_eq!(Some(entry.id), report.audit_id);
+    let shipping = InboxAdmin::new(pool.clone(), "public", "inbox", "shipping").expect("admin");
+    assert!(shipping.audit(None, 10).await.expect("audit").entries.is_empty(), "one consumer's only");
+    assert!(admin.audit(None, 0).await.is_err());
+}
