@@ -50,6 +50,11 @@ pub struct ActionFilter {
     /// Only rows of this cause exactly: a failure group's, its reason with numbers and
     /// ids left out.
     pub cause: Option<String>,
+    /// Only these outbox events (any of them), by event id: an action on one event by id
+    /// takes the same bounded, audited path as one by filter. Outbox actions only.
+    pub event_ids: Vec<uuid::Uuid>,
+    /// Only these parked messages (any of them), by their parked id. Inbox actions only.
+    pub parked_ids: Vec<i64>,
 }
 
 impl ActionFilter {
@@ -94,6 +99,56 @@ impl ActionFilter {
     pub fn cause(mut self, cause: impl Into<String>) -> Self {
         self.cause = Some(cause.into());
         self
+    }
+
+    /// Adds an outbox event by its id (repeatable: any of them matches).
+    #[must_use]
+    pub fn event_id(mut self, event_id: uuid::Uuid) -> Self {
+        self.event_ids.push(event_id);
+        self
+    }
+
+    /// Adds a parked message by its id (repeatable: any of them matches).
+    #[must_use]
+    pub fn parked_id(mut self, id: i64) -> Self {
+        self.parked_ids.push(id);
+        self
+    }
+
+    /// The condition on the ids given, on the id column `column` of a table aliased `p`:
+    /// `p.event_id` for the outbox (`outbox` true), `p.id` for the inbox's parked table.
+    /// The ids are typed values written into the statement (a uuid's or an integer's text
+    /// holds nothing to escape). Refuses the other table's ids.
+    pub(crate) fn ids_condition(&self, outbox: bool) -> Result<String> {
+        let (wrong, other) = if outbox {
+            (!self.parked_ids.is_empty(), "parked message ids select inbox messages, not outbox events")
+        } else {
+            (
+                !self.event_ids.is_empty(),
+                "event ids select outbox events; an inbox action takes parked message ids",
+            )
+        };
+        if wrong {
+            return Err(crate::error::Error::Config(format!("the action's filter: {other}")));
+        }
+        Ok(match self.ids_array() {
+            Some(array) if outbox => format!("p.event_id = ANY({array})"),
+            Some(array) => format!("p.id = ANY({array})"),
+            None => "true".to_owned(),
+        })
+    }
+
+    /// The ids given as an SQL array literal, `None` when none are.
+    fn ids_array(&self) -> Option<String> {
+        if !self.event_ids.is_empty() {
+            let ids: Vec<String> = self.event_ids.iter().map(ToString::to_string).collect();
+            Some(format!("'{{{}}}'::uuid[]", ids.join(",")))
+        } else if !self.parked_ids.is_empty() {
+            let ids: Vec<String> = self.parked_ids.iter().map(ToString::to_string).collect();
+            Some(format!("'{{{}}}'::bigint[]", ids.join(",")))
+        } else {
+            None
+        }
     }
 
     /// Refuses a filter that cannot be what its caller meant: an empty event type, topic or
@@ -230,9 +285,11 @@ impl Audit<'_> {
         let sql = format!(
             "INSERT INTO {} ({consumer}actor, action, reason, matched, filter) \
              VALUES ({value}$1, $2, $3, $4, jsonb_strip_nulls(jsonb_build_object('event_types', $5::text[], 'topic', $6::text, \
-                 'reason_contains', $7::text, 'since', to_timestamp($8::float8), 'until', to_timestamp($9::float8), 'cause', $10::text))) \
+                 'reason_contains', $7::text, 'since', to_timestamp($8::float8), 'until', to_timestamp($9::float8), 'cause', $10::text, \
+                 'ids', to_jsonb({ids})))) \
              RETURNING id",
-            self.table
+            self.table,
+            ids = filter.ids_array().unwrap_or_else(|| "NULL::text".to_owned()),
         );
         let (types, topic, text, since, until, cause) = filter.binds();
         let mut query = sqlx::query_scalar(AssertSqlSafe(sql))

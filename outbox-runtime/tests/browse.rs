@@ -370,6 +370,24 @@ async fn failures_group_by_cause_and_a_group_is_retried_exactly(pool: PgPool) {
     assert_eq!((entry.matched, entry.applied, entry.consumer.as_deref()), (4, 4, None));
     assert_eq!(entry.filter, filter);
     assert!(older.next.is_none());
+
+    // By event id: the same bounded, audited path, exactly that event.
+    let one = ActionFilter::default().event_id(ids[3]);
+    let report = ops.retry_failed(&pool, &one, "carol", false).await.expect("retry by id");
+    assert_eq!((report.matched, report.applied, report.first.clone()), (1, 1, vec![ids[3].to_string()]));
+    let again = ops.retry_failed(&pool, &one, "carol", false).await.expect("twice");
+    assert_eq!((again.matched, again.applied), (0, 0), "a second submit finds nothing left to do");
+    let failed: BTreeSet<Uuid> = sqlx::query_scalar("SELECT event_id FROM outbox WHERE status = 'failed'")
+        .fetch_all(&pool)
+        .await
+        .expect("failed")
+        .into_iter()
+        .collect();
+    assert_eq!(failed, BTreeSet::from([ids[2], ids[4]]));
+    let audited = ops.audit(&pool, None, 2).await.expect("audit");
+    assert_eq!(audited.entries[1].filter["ids"], serde_json::json!([ids[3].to_string()]));
+    let wrong = ops.retry_failed(&pool, &ActionFilter::default().parked_id(1), "carol", false).await;
+    assert!(matches!(&wrong, Err(Error::Config(m)) if m.contains("parked message ids")), "{wrong:?}");
 }
 
 #[sqlx::test(migrations = false)]

@@ -224,4 +224,15 @@ async fn parked_messages_page_group_by_cause_and_a_group_retry_is_audited(pool: 
     let shipping = InboxAdmin::new(pool.clone(), "public", "inbox", "shipping").expect("admin");
     assert!(shipping.audit(None, 10).await.expect("audit").entries.is_empty(), "one consumer's only");
     assert!(admin.audit(None, 0).await.is_err());
+
+    // By parked id: exactly that message, audited with its id.
+    let report = admin
+        .retry_matching(&ActionFilter::default().parked_id(6), "ops@example", false)
+        .await
+        .expect("by id");
+    assert_eq!((report.matched, report.applied, report.first.clone()), (1, 1, vec!["6".to_owned()]));
+    let entry = &admin.audit(None, 1).await.expect("audit").entries[0];
+    assert_eq!(entry.filter["ids"], serde_json::json!([6]));
+    let wrong = admin.retry_matching(&ActionFilter::default().event_id(Uuid::nil()), "ops", false).await;
+    assert!(matches!(&wrong, Err(outbox_runtime::Error::Config(m)) if m.contains("event ids")), "{wrong:?}");
 }

@@ -70,7 +70,11 @@ impl Ops {
         filter.validate()?;
         let names = self.names();
         let t = &names.outbox;
-        let condition = ActionFilter::condition(1, "p.last_error", "coalesce(p.failed_at, p.created_at)");
+        let condition = format!(
+            "{} AND {}",
+            ActionFilter::condition(1, "p.last_error", "coalesce(p.failed_at, p.created_at)"),
+            filter.ids_condition(true)?
+        );
         let (types, topic, text, since, until, cause) = filter.binds();
         let matching: Vec<(i64, Uuid)> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT p.id, p.event_id FROM {t} p WHERE p.status = 'failed' AND {condition} ORDER BY p.id"

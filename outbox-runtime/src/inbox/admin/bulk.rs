@@ -56,7 +56,11 @@ impl InboxAdmin {
     ) -> Result<ActionReport> {
         filter.validate()?;
         let parked = &self.names.parked;
-        let condition = ActionFilter::condition(2, "p.reason", "p.parked_at");
+        let condition = format!(
+            "{} AND {}",
+            ActionFilter::condition(2, "p.reason", "p.parked_at"),
+            filter.ids_condition(false)?
+        );
         // The first open message of its key: nothing open before it.
         let head = format!(
             "NOT EXISTS (SELECT 1 FROM {parked} q WHERE q.consumer = p.consumer AND q.hold_key = p.hold_key \
@@ -221,7 +225,11 @@ impl InboxAdmin {
         let head: Option<i64> = first_open().fetch_optional(&mut *tx).await?;
         // Read again under the lock, and the row locked (a message without a key has no key
         // lock): the consumer may have released it meanwhile.
-        let condition = ActionFilter::condition(3, "p.reason", "p.parked_at");
+        let condition = format!(
+            "{} AND {}",
+            ActionFilter::condition(3, "p.reason", "p.parked_at"),
+            filter.ids_condition(false)?
+        );
         let (types, topic_filter, text, since, until, cause) = filter.binds();
         let still = format!(
             "SELECT p.id FROM {parked} p WHERE p.id = $1 AND p.consumer = $2 \
