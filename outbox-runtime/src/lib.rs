@@ -66,6 +66,8 @@ mod capacity;
 pub mod cdc;
 #[cfg(feature = "runtime")]
 mod cleanup;
+#[cfg(feature = "console")]
+pub mod console;
 mod error;
 mod event;
 #[doc = include_str!("guarantees.md")]

@@ -11,7 +11,7 @@ mod bulk;
 mod parked;
 
 pub use browse::{AppliedCursor, AppliedPage, AppliedQuery, AppliedRecord};
-pub use parked::{ParkedGroup, ParkedPage, ParkedQuery, ParkedSummary};
+pub use parked::{ConsumerSummary, ParkedGroup, ParkedPage, ParkedQuery, ParkedSummary};
 
 use super::store::{InboxNames, Store};
 use super::ParkedMessage;

@@ -54,8 +54,8 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 pub use self::admin::{
-    AppliedCursor, AppliedPage, AppliedQuery, AppliedRecord, Discarded, InboxAdmin, ParkedGroup, ParkedPage,
-    ParkedQuery, ParkedSummary,
+    AppliedCursor, AppliedPage, AppliedQuery, AppliedRecord, ConsumerSummary, Discarded, InboxAdmin,
+    ParkedGroup, ParkedPage, ParkedQuery, ParkedSummary,
 };
 pub use self::config::InboxConfig;
 pub use self::handler::{

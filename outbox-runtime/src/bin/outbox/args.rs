@@ -120,6 +120,9 @@ pub(crate) enum Command {
     /// memory, at most 5 MB per partition, gone when it stops) until SIGTERM or Ctrl-C;
     /// needs no database.
     Broker(crate::broker::BrokerArgs),
+    /// Serves the operator console in the browser (127.0.0.1:8089 by default) until
+    /// SIGTERM or Ctrl-C.
+    Console(crate::console::ConsoleArgs),
 }
 
 #[derive(Args)]

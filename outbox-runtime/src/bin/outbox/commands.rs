@@ -67,6 +67,7 @@ async fn dispatch(outbox: Outbox, pool: PgPool, url: &str, command: Command) -> 
         Command::Relay(args) => return relay(outbox, pool, url, args).await,
         Command::Cdc(command) => return crate::cdc::command(&outbox, &pool, url, command).await,
         Command::Broker(args) => return Ok(crate::broker::run(args).await),
+        Command::Console(args) => return crate::console::run(&outbox, pool, args).await,
         Command::Status { json, window } => {
             let status = outbox.ops().status_over(&pool, window).await?;
             if json {

@@ -18,6 +18,7 @@ mod args;
 mod broker;
 mod cdc;
 mod commands;
+mod console;
 mod hint;
 mod render;
 

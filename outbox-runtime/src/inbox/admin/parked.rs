@@ -147,6 +147,25 @@ pub struct ParkedGroup {
     pub example_reason: String,
 }
 
+/// One consumer at a look, from [`InboxAdmin::summary`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct ConsumerSummary {
+    /// The consumer.
+    pub consumer: String,
+    /// Messages parked (failed themselves), counted up to the cap.
+    pub parked: i64,
+    /// Messages held behind a parked one of their key, counted up to the cap.
+    pub held: i64,
+    /// Parked messages whose retry an operator asked for and the consumer has not carried
+    /// out yet.
+    pub retry_requested: i64,
+    /// Whether a count stopped at the cap.
+    pub at_least: bool,
+    /// When it last applied a record (RFC 3339, UTC).
+    pub last_applied_at: Option<String>,
+}
+
 /// The columns of a [`ParkedSummary`] from a parked table aliased `p`.
 const PARKED_COLUMNS: &str = "p.id, p.status, p.retry_requested_at IS NOT NULL AS retry_requested, p.reason, p.topic, \
      p.kafka_partition, p.kafka_offset, p.record_key, p.event_id, p.event_type, p.schema_version, PARKED_AT AS parked_at, RESOLVED_AT AS resolved_at, \
@@ -230,6 +249,44 @@ impl InboxAdmin {
             .map_err(|e| self.names.not_migrated(e.into()))?;
         let Some(row) = row else { return Ok(None) };
         Ok(Some((ParkedSummary::from_row(&row)?, row.try_get("headers")?)))
+    }
+
+    /// This consumer at a look: its open messages counted up to `cap` each (index reads
+    /// only) and when it last applied a record.
+    pub async fn summary(&self, cap: u32) -> Result<ConsumerSummary> {
+        let parked = &self.names.parked;
+        let counted = |status: &str| {
+            format!(
+                "(SELECT count(*) FROM (SELECT 1 FROM {parked} WHERE consumer = $1 AND status = '{status}' \
+                   AND status IN ('parked', 'held') LIMIT $2 + 1) c)"
+            )
+        };
+        let sql = format!(
+            "SELECT {parked_n}, {held_n}, \
+                    (SELECT count(*) FROM (SELECT 1 FROM {parked} WHERE consumer = $1 AND status IN ('parked', 'held') \
+                       AND retry_requested_at IS NOT NULL LIMIT $2 + 1) c), \
+                    (SELECT {last} FROM (SELECT max(applied_at) AS at FROM {inbox} WHERE consumer = $1) m)",
+            parked_n = counted("parked"),
+            held_n = counted("held"),
+            last = rfc3339("m.at"),
+            inbox = self.names.inbox,
+        );
+        let cap = i64::from(cap.max(1));
+        let (parked, held, requested, last): (i64, i64, i64, Option<String>) =
+            sqlx::query_as(AssertSqlSafe(sql))
+                .bind(&self.consumer)
+                .bind(cap)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|e| self.names.not_migrated(e.into()))?;
+        Ok(ConsumerSummary {
+            consumer: self.consumer.clone(),
+            parked: parked.min(cap),
+            held: held.min(cap),
+            retry_requested: requested.min(cap),
+            at_least: parked > cap || held > cap || requested > cap,
+            last_applied_at: last,
+        })
     }
 
     /// This consumer's parked messages (not those held behind them) grouped by topic and

@@ -1,0 +1,491 @@
+//! The operator console over HTTP (its browser tests are in `console_browser`): safe
+//! defaults (loopback without a token, the token required and never printed but once,
+//! foreign `Host`s refused), every write route enumerated from the router refused in
+//! read-only mode and from another site, the CSRF token, a dry run before every change, a
+//! double submit carried out once, payloads hidden unless allowed and then redacted with
+//! big integers exact, markup in reasons and payloads escaped, no secret in any answer.
+
+use std::io::{Read as _, Write as _};
+use std::net::SocketAddr;
+
+use outbox_runtime::console::{redact_keys, Console, ConsoleConfig, WRITE_ROUTES};
+use outbox_runtime::{CancellationToken, Error, Outbox};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+mod common;
+
+use common::{billing_inbox, database_url, park, seed, Parked};
+
+/// A console on a free port of 127.0.0.1, served by this test's runtime until the test ends.
+async fn serve(pool: &PgPool, config: ConsoleConfig) -> (SocketAddr, CancellationToken) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let addr = listener.local_addr().expect("addr");
+    let console = Console::new(pool.clone(), Outbox::default_ref(), config.bind(addr)).expect("console");
+    let stop = CancellationToken::new();
+    tokio::spawn(console.serve(listener, stop.clone()));
+    (addr, stop)
+}
+
+/// An answer: status, headers (lower-case names), body.
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// One HTTP/1.1 request written by hand (so that `Host`, `Origin` and `Sec-Fetch-Site` are
+/// exactly what a test says), on a blocking thread while the runtime serves.
+async fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Answer {
+    let mut text = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
+        text.push_str(&format!("Host: {addr}\r\n"));
+    }
+    for (name, value) in headers {
+        text.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if method == "POST" {
+        text.push_str(&format!(
+            "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    text.push_str("\r\n");
+    text.push_str(body);
+    tokio::task::spawn_blocking(move || {
+        let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+        stream.write_all(text.as_bytes()).expect("write");
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).expect("read");
+        let raw = String::from_utf8_lossy(&raw).into_owned();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+        let mut lines = head.lines();
+        let status =
+            lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|s| s.parse().ok()).expect("status");
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        // Chunked bodies are read as they come: the tests look for text in them.
+        Answer { status, headers, body: body.to_owned() }
+    })
+    .await
+    .expect("request")
+}
+
+async fn get(addr: SocketAddr, path: &str) -> Answer {
+    request(addr, "GET", path, &[], "").await
+}
+
+/// A child process killed (SIGTERM) and waited for when dropped, and the test's database
+/// left by its connections before the test ends (whatever the test's outcome).
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
+        let _ = self.0.wait();
+    }
+}
+
+/// The CSRF token of a page (its forms carry it, and its `csrf-token` meta element).
+fn csrf(page: &str) -> String {
+    let needle = "<meta name=\"csrf-token\" content=\"";
+    let at = page.find(needle).expect("a page with a CSRF token") + needle.len();
+    page[at..].split('"').next().expect("value").to_owned()
+}
+
+/// Whether `page` holds `text` as HTML-escaped text (numeric or named entities).
+fn holds_escaped(page: &str, text: &str) -> bool {
+    let numeric =
+        text.replace('&', "&#38;").replace('<', "&#60;").replace('>', "&#62;").replace('"', "&#34;");
+    let named = text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;");
+    page.contains(&numeric) || page.contains(&named)
+}
+
+async fn status_of(pool: &PgPool, event_id: Uuid) -> String {
+    sqlx::query_scalar("SELECT status FROM outbox WHERE event_id = $1")
+        .bind(event_id)
+        .fetch_one(pool)
+        .await
+        .expect("row")
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_console_beyond_loopback_needs_a_token_and_the_token_is_checked(pool: PgPool) {
+    seed(&pool).await;
+    let outbox = Outbox::default_ref();
+    let wide = ConsoleConfig::default().bind("0.0.0.0:18090".parse().expect("addr"));
+    let refused = Console::new(pool.clone(), outbox, wide.clone()).expect_err("no token");
+    assert!(
+        matches!(&refused, Error::Config(m) if m.contains("0.0.0.0:18090") && m.contains("token")),
+        "{refused}"
+    );
+    for bad in ["short", "has spaces in it, long enough", "semi;colon;long;enough;x"] {
+        assert!(Console::new(pool.clone(), outbox, wide.clone().token(bad)).is_err(), "{bad:?}");
+    }
+    let cli = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["--database-url", &database_url(&pool), "console", "--bind", "0.0.0.0:0"])
+        .output()
+        .expect("run");
+    assert_eq!(cli.status.code(), Some(2), "{cli:?}");
+
+    let token = outbox_runtime::console::generate_token();
+    let (addr, stop) = serve(&pool, ConsoleConfig::default().token(&token)).await;
+    assert_eq!(get(addr, "/").await.status, 401);
+    assert_eq!(get(addr, "/events?format=json").await.status, 401);
+    assert_eq!(get(addr, "/login?token=0123456789abcdef0123").await.status, 401);
+    let login = get(addr, &format!("/login?token={token}")).await;
+    assert_eq!(login.status, 303);
+    let cookie = login.header("set-cookie").expect("a cookie").to_owned();
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    let session = cookie.split(';').next().expect("pair").to_owned();
+    let page = request(addr, "GET", "/", &[("Cookie", &session)], "").await;
+    assert_eq!(page.status, 200);
+    assert!(!page.body.contains(&token), "the token is never in a page");
+    let bearer = format!("Bearer {token}");
+    assert_eq!(request(addr, "GET", "/failures", &[("Authorization", &bearer)], "").await.status, 200);
+    // With a token, any Host (the machine's own addresses, a proxy's name) is fine.
+    assert_eq!(
+        request(addr, "GET", "/", &[("Cookie", &session), ("Host", "10.1.2.3:8089")], "").await.status,
+        200
+    );
+    stop.cancel();
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_cli_prints_the_login_url_once_and_never_logs_the_token(pool: PgPool) {
+    seed(&pool).await;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args([
+            "--database-url",
+            &database_url(&pool),
+            "console",
+            "--bind",
+            "127.0.0.1:0",
+            "--generate-token",
+        ])
+        .env("RUST_LOG", "trace")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut first = String::new();
+    let mut byte = [0u8; 1];
+    while stdout.read(&mut byte).expect("read") == 1 && byte[0] != b'\n' {
+        first.push(byte[0] as char);
+    }
+    let token = first.split("token=").nth(1).expect("the login URL").to_owned();
+    assert!(first.starts_with("outbox console: http://127.0.0.1:") && token.len() >= 16, "{first}");
+    let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let out = child.wait_with_output().expect("stopped");
+    let rest = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!rest.contains(&token), "printed once, logged never: {rest}");
+    left_alone(&pool).await;
+}
+
+#[sqlx::test(migrations = false)]
+async fn every_write_route_is_refused_read_only_and_from_another_site(pool: PgPool) {
+    let ids = seed(&pool).await;
+    billing_inbox(&pool).await;
+    park(
+        &pool,
+        &[Parked {
+            partition: 0,
+            offset: 1,
+            key: "k",
+            event_type: "e",
+            version: 1,
+            status: "parked",
+            reason: "r",
+        }],
+    )
+    .await;
+    let writable = ConsoleConfig::default().inbox("public", "inbox");
+    let (addr, stop) = serve(&pool, writable.clone()).await;
+    let token = csrf(&get(addr, &format!("/events/{}", ids[0])).await.body);
+    let (ro, ro_stop) = serve(&pool, writable.read_only(true)).await;
+    let read_only_page = get(ro, &format!("/events/{}", ids[0])).await;
+    let ro_token = csrf(&read_only_page.body);
+    assert!(!read_only_page.body.contains("<form method=\"post\""), "no write form in a read-only console");
+    assert_eq!(WRITE_ROUTES.len(), 4);
+    for (route, _) in WRITE_ROUTES {
+        let path = route.replace("{consumer}", "billing");
+        let outbox_route = path.contains("/outbox/");
+        let id = if outbox_route { format!("event_id={}", ids[0]) } else { "parked_id=1".to_owned() };
+        let body = format!("csrf={token}&key=k1&confirm=yes&{id}&reason=gone");
+        // With the read-only console's own CSRF token: refused for being read-only alone.
+        let ro_body = body.replace(&token, &ro_token);
+        let refused = request(ro, "POST", &path, &[("Sec-Fetch-Site", "same-origin")], &ro_body).await;
+        assert_eq!(refused.status, 403, "{path} read-only: {}", refused.body);
+        assert_eq!(refused.body, "this console is read-only: it changes nothing");
+        for headers in [
+            vec![("Sec-Fetch-Site", "cross-site")],
+            vec![("Sec-Fetch-Site", "same-site")],
+            vec![("Origin", "http://evil.example")],
+            vec![("Origin", "null")],
+        ] {
+            let refused = request(addr, "POST", &path, &headers, &body).await;
+            assert_eq!(refused.status, 403, "{path} with {headers:?}: {}", refused.body);
+        }
+        let no_csrf = body.replace(&token, "0");
+        let refused = request(addr, "POST", &path, &[("Sec-Fetch-Site", "same-origin")], &no_csrf).await;
+        assert_eq!(refused.status, 403, "{path} without its CSRF token");
+        // A page of another site that rebinds its name to 127.0.0.1 sends its own Host.
+        let host = [("Host", "attacker.example:80")];
+        assert_eq!(request(addr, "POST", &path, &host, &body).await.status, 421);
+    }
+    assert_eq!(status_of(&pool, ids[0]).await, "failed", "nothing changed");
+    let requested: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM inbox_parked WHERE retry_requested_at IS NOT NULL OR status <> 'parked'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("parked");
+    assert_eq!(requested, 0, "nothing changed in the inbox");
+    let audited: i64 =
+        sqlx::query_scalar("SELECT (SELECT count(*) FROM outbox_audit) + (SELECT count(*) FROM inbox_audit)")
+            .fetch_one(&pool)
+            .await
+            .expect("audit");
+    assert_eq!(audited, 0);
+    // The same request, same-origin and with its token, is carried out: the refusals above
+    // were for the reason each tested.
+    let body = format!("csrf={token}&key=k1&confirm=yes&event_id={}", ids[0]);
+    let done =
+        request(addr, "POST", "/actions/outbox/retry", &[("Sec-Fetch-Site", "same-origin")], &body).await;
+    assert_eq!(done.status, 200, "{}", done.body);
+    assert_eq!(status_of(&pool, ids[0]).await, "pending");
+    stop.cancel();
+    ro_stop.cancel();
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_group_retry_shows_its_count_first_and_a_double_submit_acts_once(pool: PgPool) {
+    let ids = seed(&pool).await;
+    // A second failure of the same cause (numbers left out), in another aggregate.
+    sqlx::query(
+        "UPDATE outbox SET status = 'failed', last_error = 'Broker: Message size too large (1048577 bytes)' WHERE event_id = $1",
+    )
+    .bind(ids[2])
+    .execute(&pool)
+    .await
+    .expect("fail b");
+    sqlx::query(
+        "UPDATE outbox SET last_error = 'Broker: Message size too large (2000000 bytes)' WHERE event_id = $1",
+    )
+    .bind(ids[0])
+    .execute(&pool)
+    .await
+    .expect("same cause");
+    let (addr, stop) = serve(&pool, ConsoleConfig::default().actor("alice")).await;
+    let failures = get(addr, "/failures").await;
+    assert_eq!(failures.status, 200);
+    assert!(holds_escaped(&failures.body, "Broker: Message size too large (<n> bytes)"), "{}", failures.body);
+    let token = csrf(&failures.body);
+    let groups: serde_json::Value =
+        serde_json::from_str(&get(addr, "/failures?format=json").await.body).expect("json");
+    let cause = groups["outbox"][0]["cause"].as_str().expect("a cause").to_owned();
+    let form = |extra: &str| {
+        format!(
+            "csrf={token}&key=the-form&topic=test&cause={}{extra}",
+            cause
+                .replace(' ', "+")
+                .replace('(', "%28")
+                .replace(')', "%29")
+                .replace('<', "%3C")
+                .replace('>', "%3E")
+        )
+    };
+    let same = [("Sec-Fetch-Site", "same-origin"), ("Origin", "")];
+    let dry = request(addr, "POST", "/actions/outbox/retry", &same[..1], &form("")).await;
+    assert_eq!(dry.status, 200, "{}", dry.body);
+    assert!(dry.body.contains("would take <strong id=\"matched\">2</strong>"), "{}", dry.body);
+    assert_eq!(status_of(&pool, ids[0]).await, "failed", "a dry run changes nothing");
+    let done = request(addr, "POST", "/actions/outbox/retry", &same[..1], &form("&confirm=yes")).await;
+    assert!(done.body.contains("changed <strong id=\"applied\">2</strong>"), "{}", done.body);
+    assert_eq!(
+        (status_of(&pool, ids[0]).await, status_of(&pool, ids[2]).await),
+        ("pending".into(), "pending".into())
+    );
+    // The same form again (a double click, a reload): the first result, nothing done again.
+    sqlx::query("UPDATE outbox SET status = 'failed' WHERE event_id = $1")
+        .bind(ids[0])
+        .execute(&pool)
+        .await
+        .expect("fails again");
+    let again =
+        request(addr, "POST", "/actions/outbox/retry", &same[..1], &form("&confirm=yes&format=json")).await;
+    let again: serde_json::Value = serde_json::from_str(&again.body).expect("json");
+    assert_eq!((again["repeated"].as_bool(), again["report"]["applied"].as_u64()), (Some(true), Some(2)));
+    assert_eq!(status_of(&pool, ids[0]).await, "failed", "the repeated submit did not act");
+    let audit: Vec<(String, i64, i64)> =
+        sqlx::query_as("SELECT actor, matched, applied FROM outbox_audit ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .expect("audit");
+    assert_eq!(audit, [("alice".to_owned(), 2, 2)], "one action, one audit row");
+    let page = get(addr, "/audit?format=json").await;
+    assert!(page.body.contains("\"actor\":\"alice\""), "{}", page.body);
+    // A confirmed form needs its key; a discard needs its reason.
+    let keyless = form("&confirm=yes").replace("key=the-form", "key=");
+    assert_eq!(request(addr, "POST", "/actions/outbox/retry", &same[..1], &keyless).await.status, 400);
+    let reasonless = format!("csrf={token}&key=k2&confirm=yes&event_id={}", ids[0]);
+    assert_eq!(request(addr, "POST", "/actions/outbox/discard", &same[..1], &reasonless).await.status, 400);
+    stop.cancel();
+}
+
+#[sqlx::test(migrations = false)]
+async fn payloads_are_hidden_unless_allowed_then_redacted_exact_and_markup_stays_text(pool: PgPool) {
+    let ids = seed(&pool).await;
+    let hostile = "<script>alert(1)</script>";
+    sqlx::query(
+        "UPDATE outbox SET payload = '{\"card\": \"4111\", \"n\": 123456789012345678901234567890, \"note\": \"<script>alert(1)</script>\"}', \
+                last_error = $2, headers = jsonb_build_object('x-note', $2::text) WHERE event_id = $1",
+    )
+    .bind(ids[0])
+    .bind(hostile)
+    .execute(&pool)
+    .await
+    .expect("payload");
+    let (hidden, stop_hidden) = serve(&pool, ConsoleConfig::default()).await;
+    let page = get(hidden, &format!("/events/{}", ids[0])).await;
+    assert_eq!(page.status, 200);
+    assert!(
+        !page.body.contains("4111") && !page.body.contains("123456789012345678901234567890"),
+        "hidden by default"
+    );
+    assert!(!page.body.contains(hostile) && holds_escaped(&page.body, hostile), "escaped: {}", page.body);
+    let json = get(hidden, &format!("/events/{}?format=json", ids[0])).await.body;
+    assert!(!json.contains("4111"), "hidden in JSON too");
+    for (name, value) in [
+        ("content-security-policy", "default-src 'none'; script-src 'self'"),
+        ("x-content-type-options", "nosniff"),
+        ("referrer-policy", "no-referrer"),
+        ("x-frame-options", "DENY"),
+    ] {
+        assert!(page.header(name).is_some_and(|v| v.starts_with(value)), "{name}: {:?}", page.header(name));
+    }
+    let shown = ConsoleConfig::default().show_payloads(true, 1024).redactor(redact_keys(["card"]));
+    let (addr, stop) = serve(&pool, shown).await;
+    let page = get(addr, &format!("/events/{}", ids[0])).await.body;
+    assert!(page.contains("123456789012345678901234567890"), "big integers exact: {page}");
+    assert!(holds_escaped(&page, "\"card\": \"[redacted]\""), "{page}");
+    assert!(!page.contains("4111") && !page.contains(hostile), "{page}");
+    let cut = ConsoleConfig::default().show_payloads(true, 10);
+    let (small, stop_small) = serve(&pool, cut).await;
+    let json: serde_json::Value =
+        serde_json::from_str(&get(small, &format!("/events/{}?format=json", ids[0])).await.body)
+            .expect("json");
+    assert_eq!(
+        (json["payload"]["truncated"].as_bool(), json["payload"]["text"].as_str().map(str::len)),
+        (Some(true), Some(10))
+    );
+    stop.cancel();
+    stop_hidden.cancel();
+    stop_small.cancel();
+}
+
+#[sqlx::test(migrations = false)]
+async fn no_answer_carries_a_secret(pool: PgPool) {
+    let ids = seed(&pool).await;
+    billing_inbox(&pool).await;
+    park(
+        &pool,
+        &[Parked {
+            partition: 0,
+            offset: 1,
+            key: "k",
+            event_type: "e",
+            version: 1,
+            status: "parked",
+            reason: "r",
+        }],
+    )
+    .await;
+    // The CLI's own console, given a database URL with a password and Kafka settings with
+    // a SASL password in the environment: neither may reach a page.
+    let url = database_url(&pool).replace("postgres://postgres@", "postgres://postgres:CANARY-DB-PASSWORD@")
+        + "?application_name=console-under-test";
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args([
+            "--database-url",
+            &url,
+            "console",
+            "--bind",
+            "127.0.0.1:0",
+            "--inbox-table",
+            "inbox",
+            "--count-cap",
+            "100",
+        ])
+        .env("KAFKA_BROKERS", "sasl://user:CANARY-KAFKA-PASSWORD@127.0.0.1:9092")
+        .env("OUTBOX_KAFKA_SASL_PASSWORD", "CANARY-SASL")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let child = Running(child);
+    let mut first = String::new();
+    let mut byte = [0u8; 1];
+    while stdout.read(&mut byte).expect("read") == 1 && byte[0] != b'\n' {
+        first.push(byte[0] as char);
+    }
+    let addr: SocketAddr =
+        first.trim_start_matches("outbox console: http://").trim_end_matches('/').parse().expect(&first);
+    let mut seen = 0;
+    for path in [
+        "/".to_owned(),
+        "/?fragment=body".to_owned(),
+        "/events".to_owned(),
+        format!("/events/{}", ids[0]),
+        "/failures".to_owned(),
+        "/inbox/billing".to_owned(),
+        "/inbox/billing/parked".to_owned(),
+        "/inbox/billing/parked/1".to_owned(),
+        "/audit".to_owned(),
+        "/audit?consumer=billing".to_owned(),
+        "/events?state=nonsense".to_owned(),
+        "/nowhere".to_owned(),
+    ] {
+        for format in ["", "format=json"] {
+            let sep = if path.contains('?') { '&' } else { '?' };
+            let answer = get(addr, &format!("{path}{sep}{format}")).await;
+            assert!(answer.status < 500, "{path}: {}", answer.status);
+            assert!(
+                !answer.body.contains("CANARY") && !answer.body.contains("PAYLOAD-MARKER"),
+                "{path}: {}",
+                answer.body
+            );
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 24);
+    drop(child);
+    left_alone(&pool).await;
+}
+
+/// Waits (up to 10 s) until the console process's sessions have left the test's database,
+/// so that it can be dropped: a killed process's backends end a moment after it.
+async fn left_alone(pool: &PgPool) {
+    for _ in 0..100 {
+        let others: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND application_name = 'console-under-test'",
+        )
+        .fetch_one(pool)
+        .await
+        .expect("sessions");
+        if others == 0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
