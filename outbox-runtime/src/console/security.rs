@@ -73,15 +73,20 @@ fn refusal(
     if state.config.read_only {
         return Some((StatusCode::FORBIDDEN, "this console is read-only: it changes nothing"));
     }
-    let site = headers.get("sec-fetch-site").and_then(|h| h.to_str().ok());
-    if site.is_some_and(|s| s != "same-origin") {
-        return Some((StatusCode::FORBIDDEN, "a write from another site is refused"));
+    // The browser's own word, when it gives it, decides: under the pages' `no-referrer`
+    // policy a same-origin form is sent with `Origin: null`. Without it, the origin must be
+    // this console's.
+    match headers.get("sec-fetch-site").and_then(|h| h.to_str().ok()) {
+        Some("same-origin") => None,
+        Some(_) => Some((StatusCode::FORBIDDEN, "a write from another site is refused")),
+        None => {
+            let origin = headers.get(header::ORIGIN).and_then(|h| h.to_str().ok());
+            let ours = |o: &str| o == format!("http://{host}") || o == format!("https://{host}");
+            origin
+                .is_some_and(|o| !ours(o))
+                .then_some((StatusCode::FORBIDDEN, "a write from another origin is refused"))
+        }
     }
-    let origin = headers.get(header::ORIGIN).and_then(|h| h.to_str().ok());
-    if origin.is_some_and(|o| o != format!("http://{host}") && o != format!("https://{host}")) {
-        return Some((StatusCode::FORBIDDEN, "a write from another origin is refused"));
-    }
-    None
 }
 
 /// Whether the request carries `token`: in the console's cookie or as a bearer token.
