@@ -33,6 +33,7 @@ pub(crate) async fn guard(StateOf(state): StateOf<Arc<State>>, request: Request,
         secure(response.headers_mut());
         return response;
     }
+    let started = std::time::Instant::now();
     let mut response = if path == "/live" {
         next.run(request).await
     } else {
@@ -42,6 +43,12 @@ pub(crate) async fn guard(StateOf(state): StateOf<Arc<State>>, request: Request,
         }
     };
     secure(response.headers_mut());
+    // The time the request took in the console (the database's included), for a
+    // browser's developer tools and `cargo xtask bench`.
+    let timing = format!("app;dur={:.3}", started.elapsed().as_secs_f64() * 1000.0);
+    if let Ok(value) = HeaderValue::from_str(&timing) {
+        response.headers_mut().insert("server-timing", value);
+    }
     response
 }
 

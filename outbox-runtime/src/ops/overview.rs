@@ -77,12 +77,14 @@ impl Ops {
         let cap = i64::from(cap.max(1));
         let mut states = Vec::new();
         for state in EventState::ALL {
-            // One more than the cap's worth of rows, in whatever order the state's index
-            // gives them: the last tells that the count stopped at the cap.
+            // One more than the cap's worth of rows, newest first (the order of every state's
+            // index, and of the primary key for published events, which have none: without
+            // an order the planner reads a table of mostly published events sequentially):
+            // the last tells that the count stopped at the cap.
             let rows: Vec<(String, i64, bool)> = sqlx::query_as(AssertSqlSafe(format!(
                 "SELECT topic, count(*) FILTER (WHERE n <= $1), bool_or(n > $1) \
                  FROM (SELECT s.topic, row_number() OVER () AS n \
-                       FROM (SELECT o.topic FROM {t} o WHERE {condition} LIMIT $1 + 1) s) c \
+                       FROM (SELECT o.topic FROM {t} o WHERE {condition} ORDER BY o.id DESC LIMIT $1 + 1) s) c \
                  GROUP BY topic ORDER BY topic",
                 condition = state
                     .condition()

@@ -9,6 +9,7 @@ mod append;
 mod broker;
 mod cdc;
 mod claim;
+mod console;
 mod inbox;
 mod notify;
 mod outbox_retention;
@@ -33,6 +34,7 @@ use self::append::append_overhead;
 use self::broker::{broker, mock_broker, start_tansu, Tansu};
 use self::cdc::cdc_throughput;
 use self::claim::{claim_backlog, claim_outage};
+use self::console::console_latency;
 use self::inbox::inbox_throughput;
 use self::notify::notify_latency;
 use self::outbox_retention::outbox_retention;
@@ -47,7 +49,7 @@ pub(crate) struct BenchArgs {
     /// Also write the figures as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Run only these parts (append, relay, inbox, claim, cdc, retention, notify), e.g. to
+    /// Run only these parts (append, relay, inbox, claim, cdc, retention, notify, console), e.g. to
     /// profile one.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -73,6 +75,10 @@ struct Sizes {
     /// Expired dedup rows (and published events) removed, for `retention_drop_vs_delete`
     /// (and `outbox_retention_drop_vs_delete`).
     retention_rows: i64,
+    /// Outbox rows and inbox rows the console is measured over.
+    console_rows: i64,
+    /// Requests of each kind the console's p95 is taken over.
+    console_requests: usize,
 }
 
 const FULL: Sizes = Sizes {
@@ -88,6 +94,8 @@ const FULL: Sizes = Sizes {
     // their headers over 4 partitions leave room for an uneven spread.
     inbox_events: 8_000,
     retention_rows: 10_000_000,
+    console_rows: 1_000_000,
+    console_requests: 200,
 };
 
 const QUICK: Sizes = Sizes {
@@ -101,6 +109,8 @@ const QUICK: Sizes = Sizes {
     steady_seconds: 8,
     inbox_events: 8_000,
     retention_rows: 1_000_000,
+    console_rows: 100_000,
+    console_requests: 50,
 };
 
 const PARTITIONS: i32 = 6;
@@ -225,6 +235,12 @@ const RATIOS: &[(&str, &str, f64, bool)] = &[
         false,
     ),
     (
+        "console_page1000_vs_page1",
+        "console p95 server time, 1,000th page / first page (worst of three lists)",
+        1.5,
+        false,
+    ),
+    (
         "hold_locks_vs_lease",
         "polling relay events/s holding each batch's locks across the send / leasing (mock cluster)",
         f64::NAN,
@@ -283,6 +299,10 @@ async fn bench(args: &BenchArgs, tansu: Option<&Tansu>) -> Result<(), Failure> {
         retention(&pool, sizes, &mut figures).await?;
         outbox_retention(&pool, sizes, &mut figures).await?;
         progress("retention", started);
+    }
+    if run("console") {
+        console_latency(&pool, &url, sizes, &mut figures).await?;
+        progress("console", started);
     }
     if run("notify") {
         notify_latency(&pool, &outbox, &broker, sizes, &mut figures).await?;
