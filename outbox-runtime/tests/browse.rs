@@ -74,6 +74,16 @@ fn matches(row: &Truth, q: &EventQuery) -> bool {
         && q.topic.as_ref().is_none_or(|t| *t == row.4)
 }
 
+/// The event ids of the failed events.
+async fn failed_ids(pool: &PgPool) -> BTreeSet<Uuid> {
+    sqlx::query_scalar("SELECT event_id FROM outbox WHERE status = 'failed'")
+        .fetch_all(pool)
+        .await
+        .expect("failed")
+        .into_iter()
+        .collect()
+}
+
 /// Every page of `query`, walked by its cursor.
 async fn walk(pool: &PgPool, query: &EventQuery) -> Vec<EventSummary> {
     let ops = Outbox::default_ref().ops();
@@ -342,12 +352,7 @@ async fn failures_group_by_cause_and_a_group_is_retried_exactly(pool: PgPool) {
     let group = ActionFilter::default().topic(&groups[0].topic).cause(&groups[0].cause);
     let report = ops.retry_failed(&pool, &group, "alice", false).await.expect("retry");
     assert_eq!((report.matched, report.applied, report.skipped), (4, 4, 0));
-    let failed: BTreeSet<Uuid> = sqlx::query_scalar("SELECT event_id FROM outbox WHERE status = 'failed'")
-        .fetch_all(&pool)
-        .await
-        .expect("failed")
-        .into_iter()
-        .collect();
+    let failed = failed_ids(&pool).await;
     assert_eq!(failed, BTreeSet::from([ids[2], ids[3], ids[4]]));
     let filter: serde_json::Value = sqlx::query_scalar("SELECT filter FROM outbox_audit WHERE id = $1")
         .bind(report.audit_id.expect("audited"))
@@ -377,12 +382,7 @@ async fn failures_group_by_cause_and_a_group_is_retried_exactly(pool: PgPool) {
     assert_eq!((report.matched, report.applied, report.first.clone()), (1, 1, vec![ids[3].to_string()]));
     let again = ops.retry_failed(&pool, &one, "carol", false).await.expect("twice");
     assert_eq!((again.matched, again.applied), (0, 0), "a second submit finds nothing left to do");
-    let failed: BTreeSet<Uuid> = sqlx::query_scalar("SELECT event_id FROM outbox WHERE status = 'failed'")
-        .fetch_all(&pool)
-        .await
-        .expect("failed")
-        .into_iter()
-        .collect();
+    let failed = failed_ids(&pool).await;
     assert_eq!(failed, BTreeSet::from([ids[2], ids[4]]));
     let audited = ops.audit(&pool, None, 2).await.expect("audit");
     assert_eq!(audited.entries[1].filter["ids"], serde_json::json!([ids[3].to_string()]));

@@ -3,7 +3,8 @@
 //! foreign `Host`s refused), every write route enumerated from the router refused in
 //! read-only mode and from another site, the CSRF token, a dry run before every change, a
 //! double submit carried out once, payloads hidden unless allowed and then redacted with
-//! big integers exact, markup in reasons and payloads escaped, no secret in any answer.
+//! big integers exact, markup in reasons and payloads escaped, no secret in any answer; an
+//! action through the console gives what the CLI's gives on the same rows.
 
 use std::io::{Read as _, Write as _};
 use std::net::SocketAddr;
@@ -15,7 +16,7 @@ use uuid::Uuid;
 
 mod common;
 
-use common::{billing_inbox, database_url, park, seed, Parked};
+use common::{append_pings, billing_inbox, database_url, outbox_cli, park, seed, stdout, Parked};
 
 /// A console on a free port of 127.0.0.1, served by this test's runtime until the test ends.
 async fn serve(pool: &PgPool, config: ConsoleConfig) -> (SocketAddr, CancellationToken) {
@@ -83,15 +84,73 @@ async fn get(addr: SocketAddr, path: &str) -> Answer {
     request(addr, "GET", path, &[], "").await
 }
 
-/// A child process killed (SIGTERM) and waited for when dropped, and the test's database
-/// left by its connections before the test ends (whatever the test's outcome).
-struct Running(std::process::Child);
+/// The CLI's console process: stopped (SIGTERM) and waited for when dropped, whatever the
+/// test's outcome.
+struct Running(Option<std::process::Child>);
+
+impl Running {
+    /// Stops it; what it wrote to standard error.
+    fn stop(mut self) -> String {
+        let mut child = self.0.take().expect("running");
+        let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        let mut stderr = String::new();
+        if let Some(mut pipe) = child.stderr.take() {
+            let _ = pipe.read_to_string(&mut stderr);
+        }
+        let _ = child.wait();
+        stderr
+    }
+}
 
 impl Drop for Running {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
-        let _ = self.0.wait();
+        if let Some(mut child) = self.0.take() {
+            let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            let _ = child.wait();
+        }
     }
+}
+
+/// `outbox console --bind 127.0.0.1:0 ARGS` on the database `url`, with `env`: the process,
+/// its standard output after the first line, and that line (the URL to open).
+fn cli_console(
+    url: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Running, std::process::ChildStdout, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["--database-url", url, "console", "--bind", "127.0.0.1:0"])
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start");
+    let mut stdout = child.stdout.take().expect("stdout");
+    let running = Running(Some(child));
+    let mut first = String::new();
+    let mut byte = [0u8; 1];
+    while stdout.read(&mut byte).expect("read") == 1 && byte[0] != b'\n' {
+        first.push(byte[0] as char);
+    }
+    (running, stdout, first)
+}
+
+/// The outbox's four seeded events, and consumer `billing`'s inbox with one parked message.
+async fn seed_both(pool: &PgPool) -> Vec<Uuid> {
+    let ids = seed(pool).await;
+    billing_inbox(pool).await;
+    let parked = Parked {
+        partition: 0,
+        offset: 1,
+        key: "k",
+        event_type: "e",
+        version: 1,
+        status: "parked",
+        reason: "r",
+    };
+    park(pool, &[parked]).await;
+    ids
 }
 
 /// The CSRF token of a page (its forms carry it, and its `csrf-token` meta element).
@@ -162,52 +221,21 @@ async fn a_console_beyond_loopback_needs_a_token_and_the_token_is_checked(pool: 
 #[sqlx::test(migrations = false)]
 async fn the_cli_prints_the_login_url_once_and_never_logs_the_token(pool: PgPool) {
     seed(&pool).await;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .args([
-            "--database-url",
-            &database_url(&pool),
-            "console",
-            "--bind",
-            "127.0.0.1:0",
-            "--generate-token",
-        ])
-        .env("RUST_LOG", "trace")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start");
-    let mut stdout = child.stdout.take().expect("stdout");
-    let mut first = String::new();
-    let mut byte = [0u8; 1];
-    while stdout.read(&mut byte).expect("read") == 1 && byte[0] != b'\n' {
-        first.push(byte[0] as char);
-    }
+    let url = format!("{}?application_name=console-under-test", database_url(&pool));
+    let (running, mut stdout, first) = cli_console(&url, &["--generate-token"], &[("RUST_LOG", "trace")]);
     let token = first.split("token=").nth(1).expect("the login URL").to_owned();
     assert!(first.starts_with("outbox console: http://127.0.0.1:") && token.len() >= 16, "{first}");
-    let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-    let out = child.wait_with_output().expect("stopped");
-    let rest = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let stderr = running.stop();
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).expect("the rest of its output");
+    rest.push_str(&stderr);
     assert!(!rest.contains(&token), "printed once, logged never: {rest}");
     left_alone(&pool).await;
 }
 
 #[sqlx::test(migrations = false)]
 async fn every_write_route_is_refused_read_only_and_from_another_site(pool: PgPool) {
-    let ids = seed(&pool).await;
-    billing_inbox(&pool).await;
-    park(
-        &pool,
-        &[Parked {
-            partition: 0,
-            offset: 1,
-            key: "k",
-            event_type: "e",
-            version: 1,
-            status: "parked",
-            reason: "r",
-        }],
-    )
-    .await;
+    let ids = seed_both(&pool).await;
     let writable = ConsoleConfig::default().inbox("public", "inbox");
     let (addr, stop) = serve(&pool, writable.clone()).await;
     let token = csrf(&get(addr, &format!("/events/{}", ids[0])).await.body);
@@ -397,49 +425,17 @@ async fn payloads_are_hidden_unless_allowed_then_redacted_exact_and_markup_stays
 
 #[sqlx::test(migrations = false)]
 async fn no_answer_carries_a_secret(pool: PgPool) {
-    let ids = seed(&pool).await;
-    billing_inbox(&pool).await;
-    park(
-        &pool,
-        &[Parked {
-            partition: 0,
-            offset: 1,
-            key: "k",
-            event_type: "e",
-            version: 1,
-            status: "parked",
-            reason: "r",
-        }],
-    )
-    .await;
+    let ids = seed_both(&pool).await;
     // The CLI's own console, given a database URL with a password and Kafka settings with
     // a SASL password in the environment: neither may reach a page.
     let url = database_url(&pool).replace("postgres://postgres@", "postgres://postgres:CANARY-DB-PASSWORD@")
         + "?application_name=console-under-test";
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .args([
-            "--database-url",
-            &url,
-            "console",
-            "--bind",
-            "127.0.0.1:0",
-            "--inbox-table",
-            "inbox",
-            "--count-cap",
-            "100",
-        ])
-        .env("KAFKA_BROKERS", "sasl://user:CANARY-KAFKA-PASSWORD@127.0.0.1:9092")
-        .env("OUTBOX_KAFKA_SASL_PASSWORD", "CANARY-SASL")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("start");
-    let mut stdout = child.stdout.take().expect("stdout");
-    let child = Running(child);
-    let mut first = String::new();
-    let mut byte = [0u8; 1];
-    while stdout.read(&mut byte).expect("read") == 1 && byte[0] != b'\n' {
-        first.push(byte[0] as char);
-    }
+    let canaries = [
+        ("KAFKA_BROKERS", "sasl://user:CANARY-KAFKA-PASSWORD@127.0.0.1:9092"),
+        ("OUTBOX_KAFKA_SASL_PASSWORD", "CANARY-SASL"),
+    ];
+    let (child, _stdout, first) =
+        cli_console(&url, &["--inbox-table", "inbox", "--count-cap", "100"], &canaries);
     let addr: SocketAddr =
         first.trim_start_matches("outbox console: http://").trim_end_matches('/').parse().expect(&first);
     let mut seen = 0;
@@ -490,4 +486,73 @@ async fn left_alone(pool: &PgPool) {
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+}
+
+/// Two identical sets of failed events, in topics `left` and `right`: per topic, three whose
+/// reason says "boom" (numbers differing) and two of another reason; their ids by topic.
+async fn twin_failures(pool: &PgPool) -> [Vec<Uuid>; 2] {
+    let ids = append_pings(pool, &(0..10).map(|i| format!("agg-{i}")).collect::<Vec<_>>()).await;
+    for (i, id) in ids.iter().enumerate() {
+        let topic = if i < 5 { "left" } else { "right" };
+        let reason = if i % 5 < 3 { format!("boom at offset {i}") } else { "something else".to_owned() };
+        sqlx::query("UPDATE outbox SET status = 'failed', topic = $2, last_error = $3, failed_at = now() WHERE event_id = $1")
+            .bind(id)
+            .bind(topic)
+            .bind(reason)
+            .execute(pool)
+            .await
+            .expect("failed");
+    }
+    [ids[..5].to_vec(), ids[5..].to_vec()]
+}
+
+/// The states of `ids`, in order.
+async fn states(pool: &PgPool, ids: &[Uuid]) -> Vec<String> {
+    let mut out = Vec::new();
+    for id in ids {
+        out.push(status_of(pool, *id).await);
+    }
+    out
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_console_acts_as_the_cli_does_on_the_same_rows(pool: PgPool) {
+    let [left, right] = twin_failures(&pool).await;
+    let (addr, stop) = serve(&pool, ConsoleConfig::default()).await;
+    let token = csrf(&get(addr, "/failures").await.body);
+    let same = [("Sec-Fetch-Site", "same-origin")];
+    for (action, extra) in [("retry", ""), ("discard", "&reason=obsolete")] {
+        // Retry takes the three "boom" events; discard then takes the two others.
+        let filter = if action == "retry" { "boom" } else { "something" };
+        let mut cli_args =
+            vec!["failed", action, "--topic", "left", "--reason-contains", filter, "--yes", "--json"];
+        if action == "discard" {
+            cli_args.extend(["--reason", "obsolete"]);
+        }
+        let cli = outbox_cli(&pool, &cli_args);
+        assert_eq!(cli.status.code(), Some(0), "{cli:?}");
+        let cli: serde_json::Value = serde_json::from_str(&stdout(&cli)).expect("the CLI's JSON");
+        let body = format!(
+            "csrf={token}&key={action}-parity&confirm=yes&format=json&topic=right&reason_contains={filter}{extra}"
+        );
+        let console = request(addr, "POST", &format!("/actions/outbox/{action}"), &same, &body).await;
+        assert_eq!(console.status, 200, "{}", console.body);
+        let console: serde_json::Value = serde_json::from_str(&console.body).expect("the console's JSON");
+        let report = &console["report"];
+        for field in ["action", "dry_run", "matched", "applied", "skipped"] {
+            assert_eq!(report[field], cli[field], "{action}: {field}: console {report}, CLI {cli}");
+        }
+        assert_eq!(report["first"].as_array().map(Vec::len), cli["first"].as_array().map(Vec::len));
+        assert_eq!(states(&pool, &left).await, states(&pool, &right).await, "after {action}");
+    }
+    assert_eq!(states(&pool, &right).await, ["pending", "pending", "pending", "discarded", "discarded"]);
+    let audit: Vec<(String, i64)> = sqlx::query_as("SELECT action, applied FROM outbox_audit ORDER BY id")
+        .fetch_all(&pool)
+        .await
+        .expect("audit");
+    assert_eq!(
+        audit,
+        [("retry".into(), 3), ("retry".into(), 3), ("discard".into(), 2), ("discard".into(), 2)]
+    );
+    stop.cancel();
 }
