@@ -240,6 +240,22 @@ async fn an_operator_retries_a_failure_group_in_the_browser_and_the_relay_publis
     let (_driver, client) = browser().await;
 
     visit(&client, &base, "/", "overview").await;
+    // The live overview: its stream says so, the button pauses it and resumes it.
+    let live = |status: &'static str| {
+        let client = client.clone();
+        async move {
+            let wait = client.wait().at_most(Duration::from_secs(15));
+            wait.for_element(Locator::XPath(&format!("//span[@id='live-status' and text()='{status}']")))
+                .await
+        }
+    };
+    live("live").await.expect("the overview streams");
+    let pause = client.find(Locator::Id("live-pause")).await.expect("the pause button");
+    pause.click().await.expect("pause");
+    live("paused").await.expect("paused");
+    assert_eq!(pause.attr("aria-pressed").await.expect("attr").as_deref(), Some("true"));
+    pause.click().await.expect("resume");
+    live("live").await.expect("streams again");
     // Find the failed event by its id, from the search box of any page.
     client.goto(&format!("{base}/")).await.expect("home");
     client
