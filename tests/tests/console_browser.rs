@@ -108,6 +108,22 @@ impl WebDriverCompatibleCommand for BrowserLog {
     }
 }
 
+/// A script run in every page this session opens from now on, before the page's own
+/// (Chromium's `Page.addScriptToEvaluateOnNewDocument`, through chromedriver).
+#[derive(Debug)]
+struct BeforeEveryPage(&'static str);
+
+impl WebDriverCompatibleCommand for BeforeEveryPage {
+    fn endpoint(&self, base: &url::Url, session: Option<&str>) -> Result<url::Url, url::ParseError> {
+        base.join(&format!("session/{}/goog/cdp/execute", session.unwrap_or_default()))
+    }
+
+    fn method_and_body(&self, _: &url::Url) -> (http::Method, Option<String>) {
+        let body = json!({"cmd": "Page.addScriptToEvaluateOnNewDocument", "params": {"source": self.0}});
+        (http::Method::POST, Some(body.to_string()))
+    }
+}
+
 /// The log entries of the pages seen since the last call.
 async fn log_since(client: &Client) -> Vec<Value> {
     match client.issue_cmd(BrowserLog).await.expect("the browser log") {
@@ -358,6 +374,25 @@ async fn an_operator_retries_a_failure_group_in_the_browser_and_the_relay_publis
     let audited: i64 =
         sqlx::query_scalar("SELECT count(*) FROM outbox_audit").fetch_one(&pool).await.expect("audit");
     assert_eq!(audited, 1, "one action: the operator's retry");
+    // A browser without EventSource: the overview polls, and shows a change within a poll.
+    client.issue_cmd(BeforeEveryPage("delete window.EventSource;")).await.expect("no EventSource");
+    client.goto(&format!("{base}/")).await.expect("overview");
+    let failed_count = |n: &'static str| {
+        let client = client.clone();
+        async move {
+            let cell = format!("//tr[td/a[text()='failed']]/td[2][normalize-space()='{n}']");
+            client.wait().at_most(Duration::from_secs(15)).for_element(Locator::XPath(&cell)).await
+        }
+    };
+    failed_count("1").await.expect("one failed event left");
+    sqlx::query("UPDATE outbox SET status = 'failed', last_error = 'late' WHERE event_id = $1")
+        .bind(ids[4])
+        .execute(&pool)
+        .await
+        .expect("another failure");
+    failed_count("2").await.expect("the polled overview shows the new failure");
+    let status = client.find(Locator::Id("live-status")).await.expect("status").text().await.expect("text");
+    assert_eq!(status, "polling every 5 s");
     client.close().await.expect("close");
     stop.cancel();
     eprintln!("console screenshots: {}", shots_dir().display());
