@@ -556,3 +556,93 @@ async fn the_console_acts_as_the_cli_does_on_the_same_rows(pool: PgPool) {
     );
     stop.cancel();
 }
+
+#[sqlx::test(migrations = false)]
+async fn the_console_acts_as_the_cli_does_on_an_inbox_too(pool: PgPool) {
+    billing_inbox(&pool).await;
+    // Twin sets of parked messages, one per topic: three "ledger closed" heads of their
+    // keys (one with a message held behind it) and one of another reason.
+    let mut rows = Vec::new();
+    for (partition, key_prefix) in [(0, "l"), (1, "r")] {
+        for i in 0..4_i64 {
+            rows.push((
+                partition,
+                i,
+                format!("{key_prefix}{i}"),
+                if i < 3 { "ledger 7 closed" } else { "no handler" },
+                "parked",
+            ));
+        }
+        rows.push((partition, 4, format!("{key_prefix}0"), "held behind parked message", "held"));
+    }
+    let keys: Vec<String> = rows.iter().map(|r| r.2.clone()).collect();
+    let parked: Vec<Parked<'_>> = rows
+        .iter()
+        .zip(&keys)
+        .map(|(r, key)| Parked {
+            partition: r.0,
+            offset: r.1,
+            key,
+            event_type: "e",
+            version: 1,
+            status: r.4,
+            reason: r.3,
+        })
+        .collect();
+    park(&pool, &parked).await;
+    sqlx::query("UPDATE inbox_parked SET topic = CASE kafka_partition WHEN 0 THEN 'left' ELSE 'right' END")
+        .execute(&pool)
+        .await
+        .expect("topics");
+    let (addr, stop) = serve(&pool, ConsoleConfig::default().inbox("public", "inbox")).await;
+    let token = csrf(&get(addr, "/failures").await.body);
+    let same = [("Sec-Fetch-Site", "same-origin")];
+    let state = |topic: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let rows: Vec<(String, bool)> = sqlx::query_as(
+                "SELECT status, retry_requested_at IS NOT NULL FROM inbox_parked WHERE topic = $1 ORDER BY kafka_offset",
+            )
+            .bind(topic)
+            .fetch_all(&pool)
+            .await
+            .expect("rows");
+            rows
+        }
+    };
+    for (action, filter) in [("retry", "ledger"), ("discard", "handler")] {
+        let mut cli_args = vec![
+            "inbox",
+            "--consumer",
+            "billing",
+            action,
+            "--topic",
+            "left",
+            "--reason-contains",
+            filter,
+            "--yes",
+            "--json",
+        ];
+        if action == "discard" {
+            cli_args.extend(["--reason", "obsolete"]);
+        }
+        let cli = outbox_cli(&pool, &cli_args);
+        assert_eq!(cli.status.code(), Some(0), "{cli:?}");
+        let cli: serde_json::Value = serde_json::from_str(&stdout(&cli)).expect("the CLI's JSON");
+        let body = format!(
+            "csrf={token}&key=inbox-{action}&confirm=yes&format=json&topic=right&reason_contains={filter}&reason=obsolete"
+        );
+        let console = request(addr, "POST", &format!("/actions/inbox/billing/{action}"), &same, &body).await;
+        assert_eq!(console.status, 200, "{}", console.body);
+        let console: serde_json::Value = serde_json::from_str(&console.body).expect("the console's JSON");
+        let report = &console["report"];
+        for field in ["action", "dry_run", "matched", "applied", "skipped"] {
+            assert_eq!(report[field], cli[field], "{action}: {field}: console {report}, CLI {cli}");
+        }
+        assert_eq!(state("left").await, state("right").await, "after {action}");
+    }
+    let right = state("right").await;
+    assert_eq!(right.iter().filter(|(_, requested)| *requested).count(), 3, "{right:?}");
+    assert_eq!(right.iter().filter(|(status, _)| status == "discarded").count(), 1, "{right:?}");
+    stop.cancel();
+}
