@@ -10,6 +10,7 @@
 //! Every page is captured at 1440 and 375 px wide under `target/console-screenshots/`.
 
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -45,11 +46,13 @@ struct Parcel {
 /// Markup that would set `window.pwned` if it ever ran.
 const HOSTILE: &str = "<script>window.pwned=1</script><img src=x onerror=\"window.pwned=2\">";
 
-/// Kills chromedriver (and its browser) when the test ends, however it ends.
+/// Kills chromedriver and the browser it started (its process group) when the test ends,
+/// however it ends: a failed test never reaches the session's close.
 struct Driver(Child);
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", self.0.id())]).status();
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -70,6 +73,8 @@ async fn browser() -> (Driver, Client) {
     let port = free_port();
     let child = Command::new(&driver)
         .arg(format!("--port={port}"))
+        // Its own process group, so that the browser goes with it.
+        .process_group(0)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
