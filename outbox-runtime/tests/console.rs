@@ -356,12 +356,32 @@ async fn a_group_retry_shows_its_count_first_and_a_double_submit_acts_once(pool:
     let again: serde_json::Value = serde_json::from_str(&again.body).expect("json");
     assert_eq!((again["repeated"].as_bool(), again["report"]["applied"].as_u64()), (Some(true), Some(2)));
     assert_eq!(status_of(&pool, ids[0]).await, "failed", "the repeated submit did not act");
+    // One page's forms share their key (an event's retry and discard): another action sent
+    // with it is its own, not the first one's result.
+    let discard =
+        format!("csrf={token}&key=the-form&confirm=yes&format=json&event_id={}&reason=gone", ids[0]);
+    let other = request(addr, "POST", "/actions/outbox/discard", &same[..1], &discard).await;
+    let other: serde_json::Value = serde_json::from_str(&other.body).expect("json");
+    assert_eq!(
+        (
+            other["repeated"].as_bool(),
+            other["report"]["action"].as_str(),
+            other["report"]["applied"].as_u64()
+        ),
+        (Some(false), Some("discard"), Some(1)),
+        "{other}"
+    );
+    assert_eq!(status_of(&pool, ids[0]).await, "discarded");
     let audit: Vec<(String, i64, i64)> =
         sqlx::query_as("SELECT actor, matched, applied FROM outbox_audit ORDER BY id")
             .fetch_all(&pool)
             .await
             .expect("audit");
-    assert_eq!(audit, [("alice".to_owned(), 2, 2)], "one action, one audit row");
+    assert_eq!(
+        audit,
+        [("alice".to_owned(), 2, 2), ("alice".to_owned(), 1, 1)],
+        "one row per action, none for the repeat"
+    );
     let page = get(addr, "/audit?format=json").await;
     assert!(page.body.contains("\"actor\":\"alice\""), "{}", page.body);
     // A confirmed form needs its key; a discard needs its reason.

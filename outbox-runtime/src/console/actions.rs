@@ -154,8 +154,11 @@ async fn act(
             "a confirmed action needs its form's key",
         );
     }
+    // A page's forms share its key (an event's retry and discard): an action is its route
+    // and its form's key, so that another action of the same page is not taken for a repeat.
+    let claim = format!("{path} {}", form.key);
     if confirmed {
-        match state.claim(&form.key) {
+        match state.claim(&claim) {
             Ok(()) => {}
             Err(Some(report)) => {
                 let data = ActionData { target, action, form, report, repeated: true };
@@ -177,7 +180,7 @@ async fn act(
     }
     let result = run(state, &form, &target, action, !confirmed).await;
     if confirmed {
-        state.finish(&form.key, result.as_ref().ok());
+        state.finish(&claim, result.as_ref().ok());
     }
     match result {
         Ok(report) => {
