@@ -14,6 +14,7 @@
 mod actions;
 mod assets;
 mod inbox_pages;
+mod lag;
 mod live;
 mod pages;
 mod redact;
@@ -30,7 +31,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
-use crate::inbox::InboxAdmin;
+use crate::inbox::{InboxAdmin, LagReader};
 use crate::ops::{ActionReport, Ops};
 use crate::Outbox;
 
@@ -61,6 +62,7 @@ pub struct ConsoleConfig {
     count_cap: u32,
     actor: String,
     hosts: Vec<String>,
+    lag: Option<Arc<LagReader>>,
 }
 
 impl std::fmt::Debug for ConsoleConfig {
@@ -77,6 +79,7 @@ impl std::fmt::Debug for ConsoleConfig {
             .field("count_cap", &self.count_cap)
             .field("actor", &self.actor)
             .field("hosts", &self.hosts)
+            .field("lag", &self.lag)
             .finish()
     }
 }
@@ -94,6 +97,7 @@ impl Default for ConsoleConfig {
             count_cap: DEFAULT_COUNT_CAP,
             actor: "console".to_owned(),
             hosts: Vec::new(),
+            lag: None,
         }
     }
 }
@@ -168,6 +172,14 @@ impl ConsoleConfig {
         self
     }
 
+    /// Show each inbox consumer's lag on the overview, read by `reader` from the brokers
+    /// (at most once per 5 s; its settings never reach a page).
+    #[must_use]
+    pub fn lag(mut self, reader: LagReader) -> Self {
+        self.lag = Some(Arc::new(reader));
+        self
+    }
+
     /// The address it listens on.
     pub fn get_bind(&self) -> SocketAddr {
         self.bind
@@ -192,6 +204,8 @@ pub(crate) struct State {
     pub(crate) hosts: Vec<String>,
     /// Actions by their form's key: running (`None`) or done.
     pub(crate) done: Mutex<VecDeque<(String, Option<ActionReport>)>>,
+    /// The consumers' lag last read.
+    pub(crate) lag_cache: lag::LagCache,
 }
 
 impl std::fmt::Debug for State {
@@ -242,6 +256,7 @@ impl Console {
                 csrf: random_secret(),
                 hosts,
                 done: Mutex::new(VecDeque::new()),
+                lag_cache: lag::LagCache::default(),
                 config,
             }),
         })

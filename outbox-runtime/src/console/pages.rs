@@ -84,7 +84,15 @@ impl Params {
 #[derive(Serialize)]
 pub(crate) struct OverviewData {
     pub(crate) outbox: Overview,
-    pub(crate) consumers: Vec<ConsumerSummary>,
+    pub(crate) consumers: Vec<ConsumerView>,
+}
+
+/// An inbox consumer on the overview: its summary, and its lag when brokers were given.
+#[derive(Serialize)]
+pub(crate) struct ConsumerView {
+    #[serde(flatten)]
+    pub(crate) summary: ConsumerSummary,
+    pub(crate) lag: Option<super::lag::LagCell>,
 }
 
 #[derive(Template)]
@@ -99,9 +107,12 @@ pub(crate) async fn read_overview(state: &State) -> Result<OverviewData> {
     let outbox = state.ops.overview(&state.pool, state.config.count_cap).await?;
     let mut consumers = Vec::new();
     if let Some(any) = state.inbox("") {
-        for consumer in any.consumers().await? {
+        let names = any.consumers().await?;
+        let mut lag = state.lag(&names);
+        for consumer in names {
             if let Some(admin) = state.inbox(&consumer) {
-                consumers.push(admin.summary(state.config.count_cap).await?);
+                let summary = admin.summary(state.config.count_cap).await?;
+                consumers.push(ConsumerView { lag: lag.remove(&consumer), summary });
             }
         }
     }

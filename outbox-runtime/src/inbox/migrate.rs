@@ -147,8 +147,22 @@ ALTER TABLE {inbox} ADD COLUMN ce_id text, ADD COLUMN ce_source text;
             AssertSqlSafe(super::partitions::migration_sql(&self.names)).into_sql_str(),
             false,
         );
+        let v7 = format!(
+            r#"
+-- Aggregates whose versions skipped ahead (gaps > 0), for the console's overview: a few rows
+-- of a large table, found without reading it. Updates that leave `gaps` unchanged stay HOT.
+CREATE INDEX "{table}_aggregates_gaps" ON {aggregates} (consumer) WHERE gaps > 0;
+"#
+        );
+        let migration7 = Migration::new(
+            7,
+            "aggregates with version gaps".into(),
+            MigrationType::Simple,
+            AssertSqlSafe(v7).into_sql_str(),
+            false,
+        );
         let mut migrator = Migrator::with_migrations(vec![
-            migration, migration2, migration3, migration4, migration5, migration6,
+            migration, migration2, migration3, migration4, migration5, migration6, migration7,
         ]);
         migrator.create_schema(schema.clone());
         migrator.dangerous_set_table_name(format!("\"{schema}\".\"{table}_migrations\""));

@@ -38,6 +38,7 @@ mod config;
 mod consume;
 mod failure;
 mod handler;
+mod lag;
 mod message;
 mod migrate;
 mod partitions;
@@ -61,6 +62,7 @@ pub use self::config::InboxConfig;
 pub use self::handler::{
     BoxFuture, EventHandler, HandlerError, Handlers, Meta, RawHandler, IDEMPOTENCY_NAMESPACE,
 };
+pub use self::lag::{ConsumerLag, LagReader, PartitionLag, MAX_LAG_PARTITIONS};
 pub use self::message::{event_id_of, FOREIGN_ID_NAMESPACE};
 pub use self::partitions::{KeptPartition, Layout, PartitionReport};
 pub use self::release::Released;

@@ -212,18 +212,7 @@ pub(crate) async fn relay(
     url: &str,
     args: RelayArgs,
 ) -> Result<ExitCode, Fail> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let filter = match outbox_runtime::cdc::QUIET_CLIENT_LOG.parse() {
-        Ok(directive) => filter.add_directive(directive),
-        Err(_) => filter,
-    };
-    // Colour only on a terminal: a log file or a collector gets no escape codes.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+    init_logs();
     if let Some(addr) = args.metrics_addr {
         outbox_runtime::metrics::install_prometheus(addr)?;
         eprintln!("outbox: metrics on http://{addr}/metrics");
@@ -403,4 +392,21 @@ pub(crate) async fn parse_optional_time(
         Some(text) => parse_time(pool, flag, text).await.map(Some),
         None => Ok(None),
     }
+}
+
+/// Logs to standard error at `info` unless `RUST_LOG` says otherwise, the replication
+/// client's chatter quieted; colour only on a terminal (a log file or a collector gets no
+/// escape codes).
+pub(crate) fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = match outbox_runtime::cdc::QUIET_CLIENT_LOG.parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
 }

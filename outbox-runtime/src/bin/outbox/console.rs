@@ -60,9 +60,14 @@ pub(crate) struct ConsoleArgs {
     /// Another Host name the console answers to (behind a proxy, or by a DNS name).
     #[arg(long = "allow-host", value_name = "HOST[:PORT]")]
     hosts: Vec<String>,
+    /// Kafka bootstrap servers: show each inbox consumer's lag (its group's committed
+    /// offsets against the partitions' ends, read at most every 5 s). Without it, no lag.
+    #[arg(long, env = "KAFKA_BROKERS")]
+    brokers: Option<String>,
 }
 
 pub(crate) async fn run(outbox: &Outbox, pool: PgPool, args: ConsoleArgs) -> Result<ExitCode, Fail> {
+    crate::commands::init_logs();
     outbox.ops().check_migrated(&pool).await?;
     let token = match (&args.token_file, args.generate_token) {
         (Some(path), _) => {
@@ -90,6 +95,9 @@ pub(crate) async fn run(outbox: &Outbox, pool: PgPool, args: ConsoleArgs) -> Res
     }
     for host in args.hosts {
         config = config.allow_host(host);
+    }
+    if let Some(brokers) = args.brokers {
+        config = config.lag(outbox_runtime::inbox::LagReader::new(brokers));
     }
     // Refused (a wide bind without a token) before anything listens.
     Console::new(pool.clone(), outbox, config.clone())?;

@@ -160,6 +160,9 @@ pub struct ConsumerSummary {
     /// Parked messages whose retry an operator asked for and the consumer has not carried
     /// out yet.
     pub retry_requested: i64,
+    /// Aggregates whose versions skipped ahead (an event never seen between two applied
+    /// ones: lost upstream, or on a topic this consumer does not read), counted up to the cap.
+    pub version_gaps: i64,
     /// Whether a count stopped at the cap.
     pub at_least: bool,
     /// When it last applied a record (RFC 3339, UTC).
@@ -251,8 +254,8 @@ impl InboxAdmin {
         Ok(Some((ParkedSummary::from_row(&row)?, row.try_get("headers")?)))
     }
 
-    /// This consumer at a look: its open messages counted up to `cap` each (index reads
-    /// only) and when it last applied a record.
+    /// This consumer at a look: its open messages and its aggregates with version gaps,
+    /// counted up to `cap` each (index reads only), and when it last applied a record.
     pub async fn summary(&self, cap: u32) -> Result<ConsumerSummary> {
         let parked = &self.names.parked;
         let counted = |status: &str| {
@@ -265,14 +268,16 @@ impl InboxAdmin {
             "SELECT {parked_n}, {held_n}, \
                     (SELECT count(*) FROM (SELECT 1 FROM {parked} WHERE consumer = $1 AND status IN ('parked', 'held') \
                        AND retry_requested_at IS NOT NULL LIMIT $2 + 1) c), \
-                    (SELECT {last} FROM (SELECT max(applied_at) AS at FROM {inbox} WHERE consumer = $1) m)",
+                    (SELECT {last} FROM (SELECT max(applied_at) AS at FROM {inbox} WHERE consumer = $1) m), \
+                    (SELECT count(*) FROM (SELECT 1 FROM {aggregates} WHERE consumer = $1 AND gaps > 0 LIMIT $2 + 1) c)",
             parked_n = counted("parked"),
             held_n = counted("held"),
             last = rfc3339("m.at"),
             inbox = self.names.inbox,
+            aggregates = self.names.aggregates,
         );
         let cap = i64::from(cap.max(1));
-        let (parked, held, requested, last): (i64, i64, i64, Option<String>) =
+        let (parked, held, requested, last, gaps): (i64, i64, i64, Option<String>, i64) =
             sqlx::query_as(AssertSqlSafe(sql))
                 .bind(&self.consumer)
                 .bind(cap)
@@ -284,7 +289,8 @@ impl InboxAdmin {
             parked: parked.min(cap),
             held: held.min(cap),
             retry_requested: requested.min(cap),
-            at_least: parked > cap || held > cap || requested > cap,
+            version_gaps: gaps.min(cap),
+            at_least: parked > cap || held > cap || requested > cap || gaps > cap,
             last_applied_at: last,
         })
     }
