@@ -361,7 +361,7 @@ pub struct AuditEntry {
     pub consumer: Option<String>,
     /// Who (the `actor` the caller gave).
     pub actor: String,
-    /// `retry` or `discard`.
+    /// `retry`, `discard` or `replay`.
     pub action: String,
     /// The reason given to a discard.
     pub reason: Option<String>,

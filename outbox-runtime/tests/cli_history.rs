@@ -41,9 +41,26 @@ async fn replay_dry_run_changes_nothing_and_replay_republishes_with_the_same_ids
     assert_eq!(report["matched"], 0, "nothing created after now");
     assert_eq!(since.status.code(), Some(1), "nothing matched");
 
-    let out = outbox_cli(&pool, &["replay", "--aggregate", "c", "--since=-infinity"]);
+    let audits = || async {
+        sqlx::query_as::<_, (String, String, i64, i64, i64, serde_json::Value)>(
+            "SELECT actor, action, matched, applied, skipped, filter FROM outbox_audit ORDER BY id",
+        )
+        .fetch_all(&pool)
+        .await
+        .expect("audit")
+    };
+    assert!(audits().await.is_empty(), "a dry run writes no audit row");
+    let out = outbox_cli(&pool, &["replay", "--aggregate", "c", "--since=-infinity", "--actor", "ana"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert!(stdout(&out).contains("1 put back up for publication"), "{}", stdout(&out));
+    // Recorded as every operator action is: who, the filter, matched and replayed.
+    let audit = audits().await;
+    assert_eq!(audit.len(), 1, "{audit:?}");
+    let (actor, action, matched, applied, skipped, filter) = &audit[0];
+    assert_eq!((actor.as_str(), action.as_str(), *matched, *applied, *skipped), ("ana", "replay", 1, 1, 0));
+    assert_eq!(filter["aggregate_id"], "c", "{filter}");
+    assert!(filter.get("since").is_some() && filter.get("event_types").is_none(), "{filter}");
+    assert!(stdout(&out).contains("(audit #"), "{}", stdout(&out));
     let c: (uuid::Uuid, String) =
         sqlx::query_as("SELECT event_id, status FROM outbox WHERE id = 4").fetch_one(&pool).await.expect("c");
     assert_eq!(c, (ids[3], "pending".to_owned()), "same event id, up for publication again");

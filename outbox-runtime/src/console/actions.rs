@@ -1,4 +1,5 @@
-//! The console's writes: retry and discard, outbox and inbox, by id or by filter. A form
+//! The console's writes: retry and discard, outbox and inbox, by id or by filter, and the
+//! outbox's replay (by event id, type, aggregate, time). A form
 //! without `confirm=yes` is a dry run that shows the count and the confirm form; a confirmed
 //! one runs the library's action (bounded transactions, exactly the rows matching when it
 //! starts, one audit row) once per form: a second submit of the same form (its `key`)
@@ -20,6 +21,10 @@ use super::security::same;
 use super::{State, WriteRoute};
 use crate::action::{ActionFilter, ActionReport};
 use crate::error::{Error, Result};
+use crate::ops::{ReplayFilter, ReplayReport};
+
+/// What an action did: its report, and a replay's own counts.
+pub(crate) type Outcome = (ActionReport, Option<ReplayReport>);
 
 /// The fields of an action's form.
 #[derive(Debug, Default, Deserialize, Serialize, Clone)]
@@ -35,6 +40,7 @@ pub(crate) struct ActionForm {
     event_id: Option<String>,
     parked_id: Option<String>,
     event_type: Option<String>,
+    aggregate_id: Option<String>,
     topic: Option<String>,
     cause: Option<String>,
     reason_contains: Option<String>,
@@ -73,6 +79,26 @@ impl ActionForm {
         }
         Ok(filter)
     }
+
+    fn replay_filter(&self) -> Result<ReplayFilter> {
+        let event_id = given(&self.event_id)
+            .map(|id| id.parse().map_err(|_| Error::Config(format!("event id {id:?}: not a UUID"))))
+            .transpose()?;
+        let filter = ReplayFilter {
+            event_type: given(&self.event_type).map(str::to_owned),
+            aggregate_id: given(&self.aggregate_id).map(str::to_owned),
+            since: time("since", self.since.as_deref())?,
+            until: time("until", self.until.as_deref())?,
+            event_id,
+        };
+        if filter == ReplayFilter::default() {
+            // As the CLI: a replay of everything is not a button.
+            return Err(Error::Config(
+                "a replay needs a filter: an event id, an event type, an aggregate id or a time".to_owned(),
+            ));
+        }
+        Ok(filter)
+    }
 }
 
 /// What an action page shows.
@@ -84,6 +110,8 @@ pub(crate) struct ActionData {
     /// The form as sent (the confirm form sends it again).
     form: ActionForm,
     report: ActionReport,
+    /// A replay's counts (published, not yet published, discarded, cleaned up).
+    replay: Option<ReplayReport>,
     /// A second submit of a form already carried out: `report` is the first one's.
     repeated: bool,
 }
@@ -101,6 +129,7 @@ pub(crate) fn route(kind: WriteRoute) -> MethodRouter<Arc<State>> {
     match kind {
         WriteRoute::OutboxRetry => post(|s, h, f| outbox(s, h, f, "retry")),
         WriteRoute::OutboxDiscard => post(|s, h, f| outbox(s, h, f, "discard")),
+        WriteRoute::OutboxReplay => post(|s, h, f| outbox(s, h, f, "replay")),
         WriteRoute::InboxRetry => post(|s, h, p, f| inbox(s, h, p, f, "retry")),
         WriteRoute::InboxDiscard => post(|s, h, p, f| inbox(s, h, p, f, "discard")),
     }
@@ -160,8 +189,9 @@ async fn act(
     if confirmed {
         match state.claim(&claim) {
             Ok(()) => {}
-            Err(Some(report)) => {
-                let data = ActionData { target, action, form, report, repeated: true };
+            Err(Some(first)) => {
+                let (report, replay) = (*first).clone();
+                let data = ActionData { target, action, form, report, replay, repeated: true };
                 return page(json, data, |data| ActionHtml {
                     frame: Frame::new(state, "Action"),
                     data,
@@ -183,27 +213,34 @@ async fn act(
         state.finish(&claim, result.as_ref().ok());
     }
     match result {
-        Ok(report) => {
+        Ok((report, replay)) => {
             if confirmed {
                 info!(stage = "console", action, target = %target, matched = report.matched, applied = report.applied,
                       audit_id = ?report.audit_id, "console action carried out");
             }
-            let data = ActionData { target, action, form, report, repeated: false };
+            let data = ActionData { target, action, form, report, replay, repeated: false };
             page(json, data, |data| ActionHtml { frame: Frame::new(state, "Action"), data, path })
         }
         Err(e) => failure(state, json, &e),
     }
 }
 
-async fn run(
-    state: &State,
-    form: &ActionForm,
-    target: &str,
-    action: &str,
-    dry_run: bool,
-) -> Result<ActionReport> {
-    let filter = form.filter()?;
+async fn run(state: &State, form: &ActionForm, target: &str, action: &str, dry_run: bool) -> Result<Outcome> {
     let actor = &state.config.actor;
+    if action == "replay" {
+        let replay = state.ops.replay_by(&state.pool, &form.replay_filter()?, actor, dry_run).await?;
+        let report = ActionReport {
+            action: "replay",
+            dry_run,
+            matched: replay.replayable,
+            applied: replay.replayed,
+            skipped: if dry_run { 0 } else { replay.replayable.saturating_sub(replay.replayed) },
+            first: Vec::new(),
+            audit_id: replay.audit_id,
+        };
+        return Ok((report, Some(replay)));
+    }
+    let filter = form.filter()?;
     let reason = || {
         given(&form.reason)
             .ok_or_else(|| Error::Config("a discard needs a reason (the reason field is empty)".to_owned()))
@@ -212,7 +249,8 @@ async fn run(
         return match action {
             "retry" => state.ops.retry_failed(&state.pool, &filter, actor, dry_run).await,
             _ => state.ops.discard_failed(&state.pool, &filter, reason()?, actor, dry_run).await,
-        };
+        }
+        .map(|report| (report, None));
     }
     let admin = state.inbox(target).ok_or_else(|| {
         Error::NotFound("this console shows no inbox: start it with --inbox-table".to_owned())
@@ -221,4 +259,5 @@ async fn run(
         "retry" => admin.retry_matching(&filter, actor, dry_run).await,
         _ => admin.discard_matching(&filter, reason()?, actor, dry_run).await,
     }
+    .map(|report| (report, None))
 }

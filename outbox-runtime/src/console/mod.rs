@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
 use crate::inbox::{InboxAdmin, LagReader};
-use crate::ops::{ActionReport, Ops};
+use crate::ops::Ops;
 use crate::Outbox;
 
 pub use redact::redact_keys;
@@ -203,7 +203,7 @@ pub(crate) struct State {
     pub(crate) csrf: String,
     pub(crate) hosts: Vec<String>,
     /// Actions by their form's key: running (`None`) or done.
-    pub(crate) done: Mutex<VecDeque<(String, Option<ActionReport>)>>,
+    pub(crate) done: Mutex<VecDeque<(String, Option<Arc<actions::Outcome>>)>>,
     /// The consumers' lag last read.
     pub(crate) lag_cache: lag::LagCache,
 }
@@ -314,6 +314,8 @@ pub enum WriteRoute {
     OutboxRetry,
     /// Discard failed outbox events.
     OutboxDiscard,
+    /// Publish published outbox events again, with their ids.
+    OutboxReplay,
     /// Ask a consumer to retry parked messages.
     InboxRetry,
     /// Discard parked messages.
@@ -322,9 +324,10 @@ pub enum WriteRoute {
 
 /// Every route that writes, with what it does: the read-only mode and the cross-site
 /// checks cover each (the tests walk this list).
-pub const WRITE_ROUTES: [(&str, WriteRoute); 4] = [
+pub const WRITE_ROUTES: [(&str, WriteRoute); 5] = [
     ("/actions/outbox/retry", WriteRoute::OutboxRetry),
     ("/actions/outbox/discard", WriteRoute::OutboxDiscard),
+    ("/actions/outbox/replay", WriteRoute::OutboxReplay),
     ("/actions/inbox/{consumer}/retry", WriteRoute::InboxRetry),
     ("/actions/inbox/{consumer}/discard", WriteRoute::InboxDiscard),
 ];
@@ -338,7 +341,7 @@ impl State {
 
     /// Claims the action submitted with form key `key`: `Ok(())` when it is new (it is
     /// then marked running), else what became of the first submit (`None`: still running).
-    pub(crate) fn claim(&self, key: &str) -> std::result::Result<(), Option<ActionReport>> {
+    pub(crate) fn claim(&self, key: &str) -> std::result::Result<(), Option<Arc<actions::Outcome>>> {
         let mut done = self.done.lock().expect("not poisoned");
         if let Some((_, report)) = done.iter().find(|(k, _)| k == key) {
             return Err(report.clone());
@@ -351,12 +354,12 @@ impl State {
     }
 
     /// Records what the action of `key` did; a failed one is forgotten (it may be sent again).
-    pub(crate) fn finish(&self, key: &str, report: Option<&ActionReport>) {
+    pub(crate) fn finish(&self, key: &str, report: Option<&actions::Outcome>) {
         let mut done = self.done.lock().expect("not poisoned");
         match report {
             Some(report) => {
                 if let Some(entry) = done.iter_mut().find(|(k, _)| k == key) {
-                    entry.1 = Some(report.clone());
+                    entry.1 = Some(Arc::new(report.clone()));
                 }
             }
             None => done.retain(|(k, _)| k != key),

@@ -151,6 +151,8 @@ struct EventsHtml {
     data: EventsData,
     params: Params,
     states: [EventState; 5],
+    /// The replay form's key.
+    key: String,
 }
 
 fn event_query(params: &Params) -> Result<EventQuery> {
@@ -198,6 +200,7 @@ pub(crate) async fn events(
                 data,
                 params,
                 states: EventState::ALL,
+                key: super::random_secret(),
             })
         }
         Err(e) => failure(&state, json, &e),

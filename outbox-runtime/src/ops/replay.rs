@@ -6,6 +6,7 @@ use serde::Serialize;
 use sqlx::{AssertSqlSafe, PgPool};
 
 use super::Ops;
+use crate::action::Audit;
 use crate::error::Result;
 
 /// Rows replayed per transaction.
@@ -23,6 +24,8 @@ pub struct ReplayFilter {
     pub since: Option<SystemTime>,
     /// Created before.
     pub until: Option<SystemTime>,
+    /// Only this event (by its event id).
+    pub event_id: Option<uuid::Uuid>,
 }
 
 /// What a replay found and did.
@@ -45,6 +48,9 @@ pub struct ReplayReport {
     pub cleaned_up: u64,
     /// Whether `cleaned_up` is exact.
     pub cleaned_up_exact: bool,
+    /// The audit row written by [`Ops::replay_by`] (none in a dry run, none by
+    /// [`Ops::replay`]).
+    pub audit_id: Option<i64>,
 }
 
 pub(crate) fn epoch_seconds(t: SystemTime) -> f64 {
@@ -54,9 +60,11 @@ pub(crate) fn epoch_seconds(t: SystemTime) -> f64 {
     }
 }
 
-/// `$1` event type, `$2` aggregate id, `$3` since, `$4` until (epoch seconds), all optional.
+/// `$1` event type, `$2` aggregate id, `$3` since, `$4` until (epoch seconds), `$5` event
+/// id, all optional.
 const FILTER: &str = "($1::text IS NULL OR event_type = $1) AND ($2::text IS NULL OR aggregate_id = $2) \
-     AND ($3::float8 IS NULL OR created_at >= to_timestamp($3)) AND ($4::float8 IS NULL OR created_at < to_timestamp($4))";
+     AND ($3::float8 IS NULL OR created_at >= to_timestamp($3)) AND ($4::float8 IS NULL OR created_at < to_timestamp($4)) \
+     AND ($5::uuid IS NULL OR event_id = $5)";
 
 fn on_the_hour(t: Option<SystemTime>) -> bool {
     t.is_none_or(|t| epoch_seconds(t).rem_euclid(3600.0) == 0.0)
@@ -68,13 +76,31 @@ impl Ops {
     /// duplicates. A dry run counts and changes nothing. Works in batches of 5,000 rows,
     /// oldest first; per aggregate, the relay publishes them in their original order.
     pub async fn replay(&self, pool: &PgPool, filter: &ReplayFilter, dry_run: bool) -> Result<ReplayReport> {
-        self.replay_unchecked(pool, filter, dry_run).await.map_err(|e| self.names().not_migrated(e))
+        self.replay_unchecked(pool, filter, None, dry_run).await.map_err(|e| self.names().not_migrated(e))
+    }
+
+    /// [`Ops::replay`], recorded in `<table>_audit` as action `replay` by `actor`: the
+    /// filter, the published events matched when it starts, and the events each batch put
+    /// back, written in that batch's transaction (a replay cut short says how far it got);
+    /// those not put back (published again, or deleted, meanwhile) as skipped. A dry run
+    /// writes nothing. The CLI and the console replay through it.
+    pub async fn replay_by(
+        &self,
+        pool: &PgPool,
+        filter: &ReplayFilter,
+        actor: &str,
+        dry_run: bool,
+    ) -> Result<ReplayReport> {
+        self.replay_unchecked(pool, filter, Some(actor), dry_run)
+            .await
+            .map_err(|e| self.names().not_migrated(e))
     }
 
     async fn replay_unchecked(
         &self,
         pool: &PgPool,
         filter: &ReplayFilter,
+        actor: Option<&str>,
         dry_run: bool,
     ) -> Result<ReplayReport> {
         let (t, cleaned) = (&self.names().outbox, &self.names().cleaned);
@@ -95,6 +121,7 @@ impl Ops {
                 .bind(&filter.aggregate_id)
                 .bind(since)
                 .bind(until)
+                .bind(filter.event_id)
                 .fetch_one(pool)
                 .await?;
         let count = |n: i64| u64::try_from(n).unwrap_or(0);
@@ -106,8 +133,10 @@ impl Ops {
             discarded: count(discarded),
             cleaned_up: count(cleaned_up),
             cleaned_up_exact: filter.aggregate_id.is_none()
+                && filter.event_id.is_none()
                 && on_the_hour(filter.since)
                 && on_the_hour(filter.until),
+            audit_id: None,
         };
         if dry_run {
             return Ok(report);
@@ -123,29 +152,51 @@ impl Ops {
         .await?;
         let page = format!(
             "WITH page AS ( \
-               SELECT id FROM {t} WHERE status = 'published' AND id > $5 AND id <= $6 \
-                 AND published_at <= to_timestamp($7) AND {FILTER} ORDER BY id LIMIT $8), \
+               SELECT id FROM {t} WHERE status = 'published' AND id > $6 AND id <= $7 \
+                 AND published_at <= to_timestamp($8) AND {FILTER} ORDER BY id LIMIT $9), \
              done AS ( \
                UPDATE {t} SET status = 'pending', next_attempt_at = '-infinity', last_error = NULL \
                WHERE id IN (SELECT id FROM page) AND status = 'published' RETURNING 1) \
              SELECT (SELECT max(id) FROM page), (SELECT count(*) FROM done)"
         );
         let mut cursor = 0_i64;
+        let mut tx = pool.begin().await?;
+        let audit = actor.map(|actor| Audit {
+            table: &self.names().audit,
+            consumer: None,
+            actor,
+            action: "replay",
+            reason: None,
+        });
+        if let Some(audit) = &audit {
+            report.audit_id = Some(start_audit(&mut tx, audit, filter, report.replayable).await?);
+        }
         loop {
             let (page_end, done): (Option<i64>, i64) = sqlx::query_as(AssertSqlSafe(page.as_str()))
                 .bind(&filter.event_type)
                 .bind(&filter.aggregate_id)
                 .bind(since)
                 .bind(until)
+                .bind(filter.event_id)
                 .bind(cursor)
                 .bind(last_id)
                 .bind(started)
                 .bind(REPLAY_BATCH)
-                .fetch_one(pool)
+                .fetch_one(&mut *tx)
                 .await?;
-            report.replayed += u64::try_from(done).unwrap_or(0);
+            let done = u64::try_from(done).unwrap_or(0);
+            report.replayed += done;
+            if let (Some(audit), Some(id)) = (&audit, report.audit_id) {
+                let skipped =
+                    if page_end.is_none() { report.replayable.saturating_sub(report.replayed) } else { 0 };
+                audit.add(&mut tx, id, done, skipped).await?;
+            }
+            tx.commit().await?;
             match page_end {
-                Some(end) => cursor = end,
+                Some(end) => {
+                    cursor = end;
+                    tx = pool.begin().await?;
+                }
                 None => break,
             }
         }
@@ -154,4 +205,33 @@ impl Ops {
         }
         Ok(report)
     }
+}
+
+/// The audit row of a replay: its filter (the event type as `event_types`, as a retry's),
+/// the published events it matched.
+async fn start_audit(
+    conn: &mut sqlx::PgConnection,
+    audit: &Audit<'_>,
+    filter: &ReplayFilter,
+    matched: u64,
+) -> Result<i64> {
+    let sql = format!(
+        "INSERT INTO {} (actor, action, matched, filter) \
+         VALUES ($1, $2, $3, jsonb_strip_nulls(jsonb_build_object('event_types', CASE WHEN $4::text IS NULL THEN NULL \
+             ELSE ARRAY[$4::text] END, 'aggregate_id', $5::text, 'since', to_timestamp($6::float8), \
+             'until', to_timestamp($7::float8), 'ids', CASE WHEN $8::uuid IS NULL THEN NULL ELSE ARRAY[$8::text] END))) \
+         RETURNING id",
+        audit.table
+    );
+    Ok(sqlx::query_scalar(AssertSqlSafe(sql))
+        .bind(audit.actor)
+        .bind(audit.action)
+        .bind(i64::try_from(matched).unwrap_or(i64::MAX))
+        .bind(&filter.event_type)
+        .bind(&filter.aggregate_id)
+        .bind(filter.since.map(epoch_seconds))
+        .bind(filter.until.map(epoch_seconds))
+        .bind(filter.event_id)
+        .fetch_one(conn)
+        .await?)
 }

@@ -161,3 +161,88 @@ async fn the_console_acts_as_the_cli_does_on_an_inbox_too(pool: PgPool) {
     assert_eq!(right.iter().filter(|(status, _)| status == "discarded").count(), 1, "{right:?}");
     stop.cancel();
 }
+
+/// Per aggregate `left` and `right`, the same five events: three published, one pending,
+/// one discarded; their ids by aggregate.
+async fn twin_published(pool: &PgPool) -> [Vec<Uuid>; 2] {
+    let aggregates: Vec<String> = ["left", "right"].iter().flat_map(|a| vec![a.to_string(); 5]).collect();
+    let ids = append_pings(pool, &aggregates).await;
+    for (i, id) in ids.iter().enumerate() {
+        let status = ["published", "published", "published", "pending", "discarded"][i % 5];
+        sqlx::query(
+            "UPDATE outbox SET status = $2, published_at = CASE WHEN $2 = 'published' THEN now() END, \
+             kafka_partition = 0, kafka_offset = $3 WHERE event_id = $1",
+        )
+        .bind(id)
+        .bind(status)
+        .bind(i as i64)
+        .execute(pool)
+        .await
+        .expect("state");
+    }
+    [ids[..5].to_vec(), ids[5..].to_vec()]
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_replay_in_the_console_is_the_clis_replay(pool: PgPool) {
+    let [left, right] = twin_published(&pool).await;
+    Outbox::default_ref().ops().create_browse_indexes(&pool).await.expect("browse indexes");
+    let (addr, stop) = serve(&pool, ConsoleConfig::default()).await;
+    let page = get(addr, "/events?aggregate_id=right").await.body;
+    assert!(page.contains("id=\"replay-filter\""), "a filtered list offers its replay: {page}");
+    let token = csrf(&page);
+    let same = [("Sec-Fetch-Site", "same-origin")];
+    let replay_fields = [
+        "matched",
+        "replayable",
+        "replayed",
+        "not_yet_published",
+        "discarded",
+        "cleaned_up",
+        "cleaned_up_exact",
+    ];
+    // A dry run, then one event by its id, then the rest by aggregate.
+    let left_first = left[0].to_string();
+    for (cli_filter, form_filter, confirm) in [
+        (vec!["--aggregate", "left", "--dry-run"], "aggregate_id=right".to_owned(), ""),
+        (vec!["--event-id", left_first.as_str()], format!("event_id={}", right[0]), "&confirm=yes"),
+        (vec!["--aggregate", "left"], "aggregate_id=right".to_owned(), "&confirm=yes"),
+    ] {
+        let mut args = vec!["replay", "--json"];
+        args.extend(cli_filter.iter().copied());
+        let cli = outbox_cli(&pool, &args);
+        let cli: serde_json::Value = serde_json::from_str(&stdout(&cli)).expect("the CLI's JSON");
+        let body = format!("csrf={token}&key=replay-{form_filter}&format=json&{form_filter}{confirm}");
+        let console = request(addr, "POST", "/actions/outbox/replay", &same, &body).await;
+        assert_eq!(console.status, 200, "{}", console.body);
+        let console: serde_json::Value = serde_json::from_str(&console.body).expect("the console's JSON");
+        for field in replay_fields {
+            assert_eq!(
+                console["replay"][field], cli[field],
+                "{form_filter}: {field}: console {console}, CLI {cli}"
+            );
+        }
+        assert_eq!(console["report"]["applied"], cli["replayed"]);
+        assert_eq!(states(&pool, &left).await, states(&pool, &right).await, "after {form_filter}{confirm}");
+    }
+    assert_eq!(states(&pool, &right).await, ["pending", "pending", "pending", "pending", "discarded"]);
+    let audit: Vec<(String, String, i64, i64)> =
+        sqlx::query_as("SELECT actor, action, matched, applied FROM outbox_audit ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .expect("audit");
+    let actions: Vec<(&str, i64, i64)> = audit.iter().map(|(_, a, m, n)| (a.as_str(), *m, *n)).collect();
+    assert_eq!(
+        actions,
+        [("replay", 1, 1), ("replay", 1, 1), ("replay", 2, 2), ("replay", 2, 2)],
+        "{audit:?}"
+    );
+    assert!(audit.iter().any(|(actor, ..)| actor == "console"), "{audit:?}");
+    // Without a filter a replay is refused (as the CLI refuses it), and nothing is written.
+    let all =
+        request(addr, "POST", "/actions/outbox/replay", &same, &format!("csrf={token}&key=all&confirm=yes"))
+            .await;
+    assert_eq!(all.status, 400, "{}", all.body);
+    assert!(all.body.contains("a replay needs a filter"), "{}", all.body);
+    stop.cancel();
+}

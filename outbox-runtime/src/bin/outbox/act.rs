@@ -28,8 +28,12 @@ impl Target<'_> {
 
 /// The actor recorded: `--actor`, else the OS user ($USER), else "unknown".
 fn actor(args: &ActionArgs) -> String {
-    args.actor
-        .clone()
+    actor_or_user(args.actor.clone())
+}
+
+/// `given`, else the OS user ($USER), else "unknown".
+pub(crate) fn actor_or_user(given: Option<String>) -> String {
+    given
         .or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty()))
         .unwrap_or_else(|| "unknown".to_owned())
 }

@@ -289,6 +289,9 @@ pub(crate) struct ReplayArgs {
     /// Count what would be replayed; change nothing.
     #[arg(long)]
     pub(crate) dry_run: bool,
+    /// Who replays, recorded in the audit table. Default: $USER, else "unknown".
+    #[arg(long)]
+    pub(crate) actor: Option<String>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub(crate) json: bool,
@@ -309,6 +312,9 @@ pub(crate) struct ReplayFilterArgs {
     /// Created before.
     #[arg(long)]
     pub(crate) until: Option<String>,
+    /// Only this event (its event id).
+    #[arg(long)]
+    pub(crate) event_id: Option<uuid::Uuid>,
 }
 
 #[derive(Args)]

@@ -124,8 +124,10 @@ async fn dispatch(outbox: Outbox, pool: PgPool, url: &str, command: Command) -> 
                 aggregate_id: f.aggregate,
                 since: parse_optional_time(&pool, "--since", f.since.as_deref()).await?,
                 until: parse_optional_time(&pool, "--until", f.until.as_deref()).await?,
+                event_id: f.event_id,
             };
-            let report = outbox.ops().replay(&pool, &filter, args.dry_run).await?;
+            let actor = crate::act::actor_or_user(args.actor);
+            let report = outbox.ops().replay_by(&pool, &filter, &actor, args.dry_run).await?;
             if args.json {
                 render::json(&report);
             } else {

@@ -126,7 +126,8 @@ pub(crate) fn replay(report: &ReplayReport, dry_run: bool) {
     if dry_run {
         println!("dry run: {} would be published again; nothing changed", report.replayable);
     } else {
-        println!("{} put back up for publication with their original event ids", report.replayed);
+        let audit = report.audit_id.map(|id| format!(" (audit #{id})")).unwrap_or_default();
+        println!("{} put back up for publication with their original event ids{audit}", report.replayed);
     }
 }
 
