@@ -61,6 +61,8 @@ pub mod asyncapi;
 #[cfg(feature = "runtime")]
 mod backoff;
 #[cfg(feature = "runtime")]
+mod browse_index;
+#[cfg(feature = "runtime")]
 mod capacity;
 #[cfg(feature = "cdc")]
 pub mod cdc;

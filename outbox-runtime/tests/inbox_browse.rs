@@ -15,6 +15,8 @@ mod common;
 use common::{billing_inbox, park, Parked};
 
 const OUTCOMES: [&str; 3] = ["applied", "stale", "discarded"];
+const TYPES: [&str; 2] = ["order.placed", "order.paid"];
+const AGGREGATES: [&str; 5] = ["o-1", "o-2", "o-3", "o-4", "o-5"];
 /// The applied times rows are given: few, so that many rows share one (rows applied in one
 /// transaction share `now()`).
 const BASE_SECONDS: i64 = 1_800_000_000;
@@ -26,25 +28,28 @@ async fn random_records(pool: &PgPool, consumer: &str, n: usize, rng: &mut fastr
             + [0, 1, 2, 1_000_000, 1_000_001, 7_000_000, 7_000_001, 9_999_999][rng.usize(0..8)];
         sqlx::query(
             "INSERT INTO inbox (consumer, event_id, event_type, schema_version, topic, kafka_partition, kafka_offset, \
-                                outcome, applied_at, bucket) \
-             VALUES ($1, $2, 'order.placed', 1, 'orders', 0, $3, $4, to_timestamp(0) + $5 * interval '1 microsecond', \
-                     inbox_bucket($2))",
+                                outcome, applied_at, bucket, aggregate_type, aggregate_id) \
+             VALUES ($1, $2, $6, 1, 'orders', 0, $3, $4, to_timestamp(0) + $5 * interval '1 microsecond', \
+                     inbox_bucket($2), 'order', $7)",
         )
         .bind(consumer)
         .bind(Uuid::from_u128(rng.u128(..)))
         .bind(i64::try_from(i).expect("i"))
         .bind(OUTCOMES[rng.usize(0..OUTCOMES.len())])
         .bind(micros)
+        .bind(TYPES[rng.usize(0..TYPES.len())])
+        .bind(AGGREGATES[rng.usize(0..AGGREGATES.len())])
         .execute(pool)
         .await
         .expect("record");
     }
 }
 
-/// `(micros, event id, outcome)` of `consumer`'s records, newest first, as PostgreSQL orders them.
-async fn truth(pool: &PgPool, consumer: &str) -> Vec<(i64, Uuid, String)> {
+/// `(micros, event id, outcome, event type, aggregate id)` of `consumer`'s records, newest
+/// first, as PostgreSQL orders them.
+async fn truth(pool: &PgPool, consumer: &str) -> Vec<(i64, Uuid, String, String, String)> {
     sqlx::query_as(
-        "SELECT (extract(epoch FROM applied_at) * 1000000)::bigint, event_id, outcome FROM inbox \
+        "SELECT (extract(epoch FROM applied_at) * 1000000)::bigint, event_id, outcome, event_type, aggregate_id FROM inbox \
          WHERE consumer = $1 ORDER BY applied_at DESC, event_id DESC",
     )
     .bind(consumer)
@@ -86,6 +91,34 @@ async fn applied_records_page_newest_first_like_the_table_read_whole(pool: PgPoo
     let admin = InboxAdmin::new(pool.clone(), "public", "inbox", "billing").expect("admin");
     let rows = truth(&pool, "billing").await;
     let instants: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    // By aggregate or type only with the browse indexes: refused by name, then built on
+    // every partition of the dedup table, once.
+    for (query, index) in [
+        (AppliedQuery::default().aggregate_id("o-1"), "inbox_browse_agg"),
+        (AppliedQuery::default().event_type("order.paid"), "inbox_browse_type"),
+    ] {
+        let err = admin.applied(&query).await.expect_err("refused").to_string();
+        assert!(err.contains(index) && err.contains("create_browse_indexes"), "{err}");
+    }
+    assert_eq!(
+        admin.create_browse_indexes().await.expect("built"),
+        ["inbox_browse_agg", "inbox_browse_type"]
+    );
+    assert!(admin.create_browse_indexes().await.expect("again").is_empty(), "idempotent");
+    assert!(admin.missing_browse_indexes().await.expect("missing").is_empty());
+    let unindexed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_partition_tree('inbox') t WHERE t.isleaf AND NOT EXISTS ( \
+             SELECT 1 FROM pg_index i JOIN pg_inherits h ON h.inhrelid = i.indexrelid \
+             WHERE i.indrelid = t.relid AND h.inhparent = 'inbox_browse_agg'::regclass)",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("partitions");
+    let partitions: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_partition_tree('inbox') WHERE isleaf")
+        .fetch_one(&pool)
+        .await
+        .expect("partitions");
+    assert!(partitions > 1 && unindexed == 0, "{unindexed} of {partitions} partitions without the index");
     for round in 0..40 {
         let mut query = AppliedQuery::default().limit(rng.u32(1..30));
         if rng.bool() {
@@ -100,11 +133,19 @@ async fn applied_records_page_newest_first_like_the_table_read_whole(pool: PgPoo
         if rng.u8(0..8) == 0 {
             query = query.event_id(rows[rng.usize(0..rows.len())].1);
         }
+        if rng.u8(0..3) == 0 {
+            query = query.aggregate_id(AGGREGATES[rng.usize(0..AGGREGATES.len())]);
+        }
+        if rng.u8(0..3) == 0 {
+            query = query.event_type(TYPES[rng.usize(0..TYPES.len())]);
+        }
         let expected: Vec<Uuid> = rows
             .iter()
-            .filter(|(micros, id, outcome)| {
+            .filter(|(micros, id, outcome, event_type, aggregate_id)| {
                 query.outcome.as_ref().is_none_or(|o| o == outcome)
                     && query.event_id.is_none_or(|e| e == *id)
+                    && query.aggregate_id.as_ref().is_none_or(|a| a == aggregate_id)
+                    && query.event_type.as_ref().is_none_or(|t| t == event_type)
                     && query.since.is_none_or(|s| at(*micros) >= s)
                     && query.until.is_none_or(|u| at(*micros) < u)
             })

@@ -57,6 +57,12 @@ pub(crate) async fn applied(
         if let Some(id) = params.event_id()? {
             query = query.event_id(id);
         }
+        if let Some(id) = given(&params.aggregate_id) {
+            query = query.aggregate_id(id);
+        }
+        if let Some(t) = given(&params.event_type) {
+            query = query.event_type(t);
+        }
         if let Some(cursor) = given(&params.before) {
             query = query.before(cursor.parse::<AppliedCursor>()?);
         }
@@ -113,6 +119,9 @@ pub(crate) async fn parked(
         }
         if let Some(id) = params.event_id()? {
             query = query.event_id(id);
+        }
+        if let Some(key) = given(&params.key) {
+            query = query.record_key(key_bytes(key));
         }
         admin.parked_page(&query).await
     };
@@ -172,5 +181,17 @@ pub(crate) async fn parked_one(
             })
         }
         Err(e) => failure(&state, json, &e),
+    }
+}
+
+/// A record key as the pages write it: `0x` and an even number of hex digits for bytes that
+/// are not UTF-8, else the text itself.
+fn key_bytes(key: &str) -> Vec<u8> {
+    let hex = key.strip_prefix("0x").filter(|h| h.len() % 2 == 0 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    match hex {
+        Some(hex) if !hex.is_empty() => {
+            (0..hex.len()).step_by(2).filter_map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok()).collect()
+        }
+        _ => key.as_bytes().to_vec(),
     }
 }

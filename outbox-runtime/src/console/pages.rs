@@ -34,6 +34,8 @@ pub(crate) struct Params {
     pub(super) before: Option<String>,
     pub(super) limit: Option<u32>,
     pub(super) consumer: Option<String>,
+    /// A Kafka record key (`0x…` for bytes that are not UTF-8).
+    pub(super) key: Option<String>,
     /// `body`: the overview's body alone, for the live page's polling.
     pub(super) fragment: Option<String>,
 }
@@ -69,6 +71,7 @@ impl Params {
                     ("aggregate_id", keep(&self.aggregate_id)),
                     ("aggregate_type", keep(&self.aggregate_type)),
                     ("event_type", keep(&self.event_type)),
+                    ("key", keep(&self.key)),
                     ("topic", keep(&self.topic)),
                     ("since", keep(&self.since)),
                     ("until", keep(&self.until)),

@@ -439,18 +439,7 @@ impl Ops {
 
     /// The browse indexes this outbox lacks (their names), empty when it has them all.
     pub async fn missing_browse_indexes(&self, pool: &PgPool) -> Result<Vec<String>> {
-        let names = self.names();
-        let wanted: Vec<String> =
-            BROWSE_INDEXES.iter().map(|(suffix, _, _)| format!("{}_{suffix}", names.table)).collect();
-        let present: Vec<String> = sqlx::query_scalar(
-            "SELECT c.relname::text FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid \
-             WHERE c.relnamespace = format('%I', $1::text)::regnamespace AND c.relname = ANY($2) AND i.indisvalid",
-        )
-        .bind(&names.schema)
-        .bind(&wanted)
-        .fetch_all(pool)
-        .await?;
-        Ok(wanted.into_iter().filter(|w| !present.contains(w)).collect())
+        crate::browse_index::missing(pool, &self.indexed(), &BROWSE_INDEXES).await
     }
 
     /// Creates the indexes that browsing by aggregate, event type and the retrying and
@@ -462,7 +451,14 @@ impl Ops {
     /// Not part of the migrations: two of them (aggregate and event type) take an entry
     /// for every append, a cost an outbox nobody browses need not pay.
     pub async fn create_browse_indexes(&self, pool: &PgPool) -> Result<Vec<String>> {
-        super::browse_index::create(self.names(), pool).await.map_err(|e| self.names().not_migrated(e))
+        crate::browse_index::create(pool, &self.indexed(), &BROWSE_INDEXES)
+            .await
+            .map_err(|e| self.names().not_migrated(e))
+    }
+
+    fn indexed(&self) -> crate::browse_index::Indexed<'_> {
+        let names = self.names();
+        crate::browse_index::Indexed { schema: &names.schema, name: &names.table, qualified: &names.outbox }
     }
 }
 
@@ -475,7 +471,7 @@ pub(crate) const DISCARDED: &str = "browse_disc";
 
 /// The browse indexes: name suffix, a partition's index suffix (`<table>_p<6 digits>_<it>`
 /// fits in 63 bytes), columns and predicate.
-pub(crate) const BROWSE_INDEXES: [(&str, &str, &str); 4] = [
+pub(crate) const BROWSE_INDEXES: [crate::browse_index::IndexSpec; 4] = [
     (AGGREGATE, "bagg", "(aggregate_id, id)"),
     (TYPE, "btyp", "(event_type, id)"),
     (RETRYING, "bret", "(id) WHERE status = 'pending' AND next_attempt_at > '-infinity'"),

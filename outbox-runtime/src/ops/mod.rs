@@ -14,7 +14,6 @@ use crate::error::Result;
 use crate::outbox::Outbox;
 
 mod browse;
-mod browse_index;
 mod bulk;
 mod deprecated;
 mod detail;

@@ -16,6 +16,7 @@ use uuid::Uuid;
 
 #[path = "../common/mod.rs"]
 mod common;
+mod inbox_lists;
 mod overview;
 mod parity;
 mod safety;

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use outbox_runtime::console::{Console, ConsoleConfig};
-use outbox_runtime::inbox::{Handlers, Inbox, InboxConfig};
+use outbox_runtime::inbox::{Handlers, Inbox, InboxAdmin, InboxConfig};
 use outbox_runtime::{CancellationToken, Outbox, OutboxConfig};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, PgPool};
@@ -72,7 +72,8 @@ async fn load(pool: &PgPool, rows: i64) -> Result<Outbox, Failure> {
     sqlx::query(AssertSqlSafe(format!(
         "INSERT INTO {SCHEMA}.inbox (consumer, event_id, event_type, schema_version, aggregate_type, aggregate_id, \
                                      aggregate_version, topic, kafka_partition, kafka_offset, outcome, applied_at, bucket) \
-         SELECT 'c' || (g % 2 + 1), u, 'order.placed', 1, 'order', 'agg-' || (g % 50000), g / 50000 + 1, 'orders', g % 6, g, \
+         SELECT 'c' || (g % 2 + 1), u, CASE WHEN g % 10 = 1 THEN 'order.paid' ELSE 'order.placed' END, 1, 'order', \
+                'agg-' || (g % 50000), g / 50000 + 1, 'orders', g % 6, g, \
                 CASE WHEN g % 97 = 0 THEN 'stale' ELSE 'applied' END, \
                 now() - make_interval(secs => ($1 - g) * 0.6) - make_interval(secs => g % 3), {SCHEMA}.inbox_bucket(u) \
          FROM (SELECT g, gen_random_uuid() AS u FROM generate_series(1, $1::bigint) g) s"
@@ -89,14 +90,25 @@ async fn load(pool: &PgPool, rows: i64) -> Result<Outbox, Failure> {
     )))
     .execute(pool)
     .await?;
+    // Consumer c1's aggregates, one in a thousand with a version gap (the overview counts
+    // them).
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {SCHEMA}.inbox_aggregates (consumer, topic, aggregate_type, aggregate_id, last_version, gaps) \
+         SELECT 'c1', 'orders', 'order', 'agg-' || g, 5, CASE WHEN g % 1000 = 0 THEN 1 ELSE 0 END \
+         FROM generate_series(1, $1::bigint) g"
+    )))
+    .bind(rows)
+    .execute(pool)
+    .await?;
     outbox.ops().create_browse_indexes(pool).await?;
-    for table in ["outbox", "inbox", "inbox_parked"] {
+    InboxAdmin::new(pool.clone(), SCHEMA, "inbox", "c1")?.create_browse_indexes().await?;
+    for table in ["outbox", "inbox", "inbox_parked", "inbox_aggregates"] {
         sqlx::query(AssertSqlSafe(format!("VACUUM ANALYZE {SCHEMA}.{table}"))).execute(pool).await?;
     }
     Ok(outbox)
 }
 
-/// Sequential scans so far of the outbox and the inbox's dedup table, each partition of them
+/// Sequential scans so far of the outbox, the inbox's dedup table and its aggregates, each partition of them
 /// that holds rows (`reltuples`, set by the load's VACUUM ANALYZE: a scan of an empty
 /// partition reads nothing, and is the planner's choice for it).
 async fn seq_scans(pool: &PgPool) -> Result<std::collections::BTreeMap<String, i64>, Failure> {
@@ -105,7 +117,8 @@ async fn seq_scans(pool: &PgPool) -> Result<std::collections::BTreeMap<String, i
         "SELECT s.relname::text, s.seq_scan FROM pg_stat_user_tables s \
          WHERE s.relid IN (SELECT relid FROM pg_partition_tree('{SCHEMA}.outbox') \
                            UNION ALL SELECT relid FROM pg_partition_tree('{SCHEMA}.inbox') \
-                           UNION ALL SELECT '{SCHEMA}.outbox'::regclass UNION ALL SELECT '{SCHEMA}.inbox'::regclass) \
+                           UNION ALL SELECT '{SCHEMA}.outbox'::regclass UNION ALL SELECT '{SCHEMA}.inbox'::regclass \
+                           UNION ALL SELECT '{SCHEMA}.inbox_aggregates'::regclass) \
            AND (SELECT c.reltuples FROM pg_class c WHERE c.oid = s.relid) > 0"
     )))
     .fetch_all(pool)
@@ -207,6 +220,12 @@ pub(super) async fn console_latency(
             Box::new(move |_| format!("/inbox/c1?before={}~{}", inbox_1000.0, inbox_1000.1)),
         ),
         ("inbox_by_event_id", Box::new(move |i| format!("/inbox/c1?event_id={}", i1[i % i1.len()]))),
+        (
+            "inbox_by_aggregate_id",
+            Box::new(|i| format!("/inbox/c1?aggregate_id=agg-{}", 2 * ((i * 7919) % 25000) + 1)),
+        ),
+        ("inbox_by_event_type", Box::new(|_| "/inbox/c1?event_type=order.paid".to_owned())),
+        ("inbox_parked_by_key", Box::new(|i| format!("/inbox/c1/parked?key=k{}", i % 2000 + 1))),
         ("inbox_parked", Box::new(|_| "/inbox/c1/parked?status=open".to_owned())),
         ("audit", Box::new(|_| "/audit".to_owned())),
     ];

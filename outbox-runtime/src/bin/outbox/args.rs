@@ -108,6 +108,18 @@ pub(crate) enum Command {
         #[arg(long, value_parser = parse_duration, requires = "maintain")]
         retention: Option<Duration>,
     },
+    /// Builds the indexes the console's and the library's lists by aggregate id, event type
+    /// and the retrying and discarded states need, without blocking appends (CREATE INDEX
+    /// CONCURRENTLY, per partition); with --inbox-table, the inbox's too (its records by
+    /// aggregate id and event type). Idempotent: says what it built.
+    BrowseIndexes {
+        /// Also the indexes of this inbox table (its dedup table).
+        #[arg(long, value_name = "TABLE")]
+        inbox_table: Option<String>,
+        /// The inbox table's schema.
+        #[arg(long, default_value = "public", requires = "inbox_table")]
+        inbox_schema: String,
+    },
     /// Counts events per type and hour: appended, published and, given the consumer's
     /// inbox, applied. Exits 1 when any differ.
     Reconcile(ReconcileArgs),

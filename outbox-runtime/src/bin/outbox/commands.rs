@@ -137,6 +137,19 @@ async fn dispatch(outbox: Outbox, pool: PgPool, url: &str, command: Command) -> 
                 return Ok(ExitCode::from(1));
             }
         }
+        Command::BrowseIndexes { inbox_table, inbox_schema } => {
+            let mut built = outbox.ops().create_browse_indexes(&pool).await?;
+            if let Some(table) = inbox_table {
+                let admin = outbox_runtime::inbox::InboxAdmin::new(pool.clone(), &inbox_schema, &table, "")?;
+                built.extend(admin.create_browse_indexes().await?);
+            }
+            if built.is_empty() {
+                println!("the browse indexes were there already");
+            }
+            for index in built {
+                println!("built {index}");
+            }
+        }
         Command::Purge { older_than, batch_size } => {
             let deleted = outbox
                 .ops()

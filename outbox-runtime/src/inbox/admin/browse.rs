@@ -4,7 +4,9 @@
 //!
 //! Applied records are paged newest first on `(applied_at, event_id)`, served by the
 //! inbox's `(consumer, applied_at)` index: page 1,000 costs what page 1 does. An event id
-//! is found by the primary key. Parked messages are paged on their id.
+//! is found by the primary key. By aggregate id or event type, a page needs the inbox's
+//! browse indexes ([`InboxAdmin::create_browse_indexes`]), refused by name without them.
+//! Parked messages are paged on their id.
 
 use std::fmt;
 use std::str::FromStr;
@@ -17,6 +19,7 @@ use uuid::Uuid;
 use super::InboxAdmin;
 use crate::action::MAX_PAGE;
 use crate::action::{audit_page, epoch_seconds, rfc3339, AuditPage};
+use crate::browse_index::{IndexSpec, Indexed};
 use crate::error::{Error, Result};
 
 /// Which applied records a page lists: every criterion given must hold.
@@ -27,6 +30,10 @@ pub struct AppliedQuery {
     pub outcome: Option<String>,
     /// Only this event.
     pub event_id: Option<Uuid>,
+    /// Only events of this aggregate id (our records' Kafka key).
+    pub aggregate_id: Option<String>,
+    /// Only events of this type.
+    pub event_type: Option<String>,
     /// Applied at or after this time.
     pub since: Option<SystemTime>,
     /// Applied before this time.
@@ -39,7 +46,16 @@ pub struct AppliedQuery {
 
 impl Default for AppliedQuery {
     fn default() -> Self {
-        AppliedQuery { outcome: None, event_id: None, since: None, until: None, before: None, limit: 50 }
+        AppliedQuery {
+            outcome: None,
+            event_id: None,
+            aggregate_id: None,
+            event_type: None,
+            since: None,
+            until: None,
+            before: None,
+            limit: 50,
+        }
     }
 }
 
@@ -55,6 +71,20 @@ impl AppliedQuery {
     #[must_use]
     pub fn event_id(mut self, event_id: Uuid) -> Self {
         self.event_id = Some(event_id);
+        self
+    }
+
+    /// Only events of aggregate id `id` (needs the browse indexes).
+    #[must_use]
+    pub fn aggregate_id(mut self, id: impl Into<String>) -> Self {
+        self.aggregate_id = Some(id.into());
+        self
+    }
+
+    /// Only events of type `event_type` (needs the browse indexes).
+    #[must_use]
+    pub fn event_type(mut self, event_type: impl Into<String>) -> Self {
+        self.event_type = Some(event_type.into());
         self
     }
 
@@ -100,6 +130,14 @@ impl AppliedQuery {
 
 /// An inbox record's outcomes.
 const OUTCOMES: [&str; 3] = ["applied", "stale", "discarded"];
+
+/// The inbox's browse indexes (`<table>_<suffix>`): each consumer's records by aggregate id
+/// and by event type, newest first. Not in the migrations: each costs every applied record
+/// an index entry.
+pub(crate) const INBOX_BROWSE_INDEXES: [IndexSpec; 2] = [
+    ("browse_agg", "bagg", "(consumer, aggregate_id, applied_at, event_id)"),
+    ("browse_type", "btyp", "(consumer, event_type, applied_at, event_id)"),
+];
 
 pub(super) fn validate_page(
     what: &str,
@@ -217,9 +255,53 @@ pub struct AppliedPage {
 impl InboxAdmin {
     /// A page of this consumer's applied (and stale and discarded) records matching
     /// `query`, newest first.
+    /// By aggregate id or event type it needs the browse indexes
+    /// ([`InboxAdmin::create_browse_indexes`]): without them it is refused, naming the
+    /// index, rather than reading the whole table.
     pub async fn applied(&self, query: &AppliedQuery) -> Result<AppliedPage> {
         query.validate()?;
+        if query.event_id.is_none() {
+            let missing = self.missing_browse_indexes().await?;
+            let refuse = |what: &str, suffix: &str| {
+                let index = format!("{}_{suffix}", self.names.table);
+                if missing.contains(&index) {
+                    return Err(Error::Config(format!(
+                        "listing a consumer's records by {what} needs the index {index}, missing: create the \
+                         inbox's browse indexes (InboxAdmin::create_browse_indexes, or outbox browse-indexes \
+                         --inbox-table {})",
+                        self.names.table
+                    )));
+                }
+                Ok(())
+            };
+            if query.aggregate_id.is_some() {
+                refuse("aggregate id", INBOX_BROWSE_INDEXES[0].0)?;
+            } else if query.event_type.is_some() {
+                refuse("event type", INBOX_BROWSE_INDEXES[1].0)?;
+            }
+        }
         self.applied_unchecked(query).await.map_err(|e| self.names.not_migrated(e))
+    }
+
+    /// The inbox's browse indexes it lacks (their names), empty when it has them all.
+    pub async fn missing_browse_indexes(&self) -> Result<Vec<String>> {
+        crate::browse_index::missing(&self.pool, &self.indexed(), &INBOX_BROWSE_INDEXES)
+            .await
+            .map_err(|e| self.names.not_migrated(e))
+    }
+
+    /// Creates the indexes that listing records by aggregate id and by event type needs,
+    /// without blocking the consumers (`CREATE INDEX CONCURRENTLY`, on each partition of
+    /// the dedup table, then attached). For every consumer of the inbox: the consumer of
+    /// this admin does not matter. Idempotent; returns the names of the indexes it built.
+    pub async fn create_browse_indexes(&self) -> Result<Vec<String>> {
+        crate::browse_index::create(&self.pool, &self.indexed(), &INBOX_BROWSE_INDEXES)
+            .await
+            .map_err(|e| self.names.not_migrated(e))
+    }
+
+    fn indexed(&self) -> Indexed<'_> {
+        Indexed { schema: &self.names.schema, name: &self.names.table, qualified: &self.names.inbox }
     }
 
     async fn applied_unchecked(&self, query: &AppliedQuery) -> Result<AppliedPage> {
@@ -234,6 +316,12 @@ impl InboxAdmin {
         }
         if query.outcome.is_some() {
             next("i.outcome = ?");
+        }
+        if query.aggregate_id.is_some() {
+            next("i.aggregate_id = ?");
+        }
+        if query.event_type.is_some() {
+            next("i.event_type = ?");
         }
         if query.since.is_some() {
             next("i.applied_at >= to_timestamp(?)");
@@ -264,8 +352,8 @@ impl InboxAdmin {
         if let Some(id) = query.event_id {
             q = q.bind(id);
         }
-        if let Some(outcome) = &query.outcome {
-            q = q.bind(outcome);
+        for text in [&query.outcome, &query.aggregate_id, &query.event_type].into_iter().flatten() {
+            q = q.bind(text);
         }
         for time in [query.since, query.until].into_iter().flatten() {
             q = q.bind(epoch_seconds(time));

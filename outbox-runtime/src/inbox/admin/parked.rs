@@ -24,6 +24,8 @@ pub struct ParkedQuery {
     pub event_type: Option<String>,
     /// Only this event.
     pub event_id: Option<Uuid>,
+    /// Only messages of this Kafka record key (its bytes).
+    pub record_key: Option<Vec<u8>>,
     /// The page after the one whose last message had this id.
     pub before: Option<i64>,
     /// Messages per page, 1 to [`MAX_PAGE`](crate::action::MAX_PAGE).
@@ -32,7 +34,15 @@ pub struct ParkedQuery {
 
 impl Default for ParkedQuery {
     fn default() -> Self {
-        ParkedQuery { status: None, topic: None, event_type: None, event_id: None, before: None, limit: 50 }
+        ParkedQuery {
+            status: None,
+            topic: None,
+            event_type: None,
+            event_id: None,
+            record_key: None,
+            before: None,
+            limit: 50,
+        }
     }
 }
 
@@ -48,6 +58,13 @@ impl ParkedQuery {
     #[must_use]
     pub fn topic(mut self, topic: impl Into<String>) -> Self {
         self.topic = Some(topic.into());
+        self
+    }
+
+    /// Only messages whose Kafka record key is `key` (bytes: a key need not be UTF-8).
+    #[must_use]
+    pub fn record_key(mut self, key: impl Into<Vec<u8>>) -> Self {
+        self.record_key = Some(key.into());
         self
     }
 
@@ -201,6 +218,7 @@ impl InboxAdmin {
             (query.topic.is_some(), "p.topic = ?"),
             (query.event_type.is_some(), "p.event_type = ?"),
             (query.event_id.is_some(), "p.event_id = ?"),
+            (query.record_key.is_some(), "p.record_key = ?"),
             (query.before.is_some(), "p.id < ?"),
         ] {
             if present {
@@ -221,6 +239,9 @@ impl InboxAdmin {
         }
         if let Some(id) = query.event_id {
             q = q.bind(id);
+        }
+        if let Some(key) = &query.record_key {
+            q = q.bind(key);
         }
         if let Some(id) = query.before {
             q = q.bind(id);

@@ -1,72 +1,109 @@
-//! Building the browse indexes ([`Ops::create_browse_indexes`](super::Ops::create_browse_indexes))
-//! without blocking appends, on a plain or a partitioned outbox.
+//! Building browse indexes without blocking writes, on a plain or a partitioned table: the
+//! outbox's ([`Ops::create_browse_indexes`](crate::ops::Ops::create_browse_indexes)) and the
+//! inbox's dedup table's
+//! ([`InboxAdmin::create_browse_indexes`](crate::inbox::InboxAdmin::create_browse_indexes)).
 
 use sqlx::{AssertSqlSafe, PgPool};
 use tracing::info;
 
-use super::browse::BROWSE_INDEXES;
 use crate::error::{Error, Result};
-use crate::table::Names;
+
+/// A table to index: its schema, its bare name (the indexes are `<name>_<suffix>`), and
+/// its quoted `"schema"."name"`.
+pub(crate) struct Indexed<'a> {
+    pub(crate) schema: &'a str,
+    pub(crate) name: &'a str,
+    pub(crate) qualified: &'a str,
+}
+
+/// An index: its suffix, a short suffix for each partition's own, its definition (the
+/// part after `ON table`).
+pub(crate) type IndexSpec = (&'static str, &'static str, &'static str);
+
+/// The indexes of `indexes` that `table` lacks or has invalid (their names).
+pub(crate) async fn missing(
+    pool: &PgPool,
+    table: &Indexed<'_>,
+    indexes: &[IndexSpec],
+) -> Result<Vec<String>> {
+    let wanted: Vec<String> =
+        indexes.iter().map(|(suffix, _, _)| format!("{}_{suffix}", table.name)).collect();
+    let present: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid \
+         WHERE c.relnamespace = format('%I', $1::text)::regnamespace AND c.relname = ANY($2) AND i.indisvalid \
+           AND i.indrelid = $3::regclass",
+    )
+    .bind(table.schema)
+    .bind(&wanted)
+    .bind(table.qualified)
+    .fetch_all(pool)
+    .await?;
+    Ok(wanted.into_iter().filter(|w| !present.contains(w)).collect())
+}
 
 /// Rounds of "index every partition, attach" before giving up: a partition created by
 /// maintenance in between gets the index from the partitioned one if it was there, or is
 /// found missing and indexed by the next round.
 const ROUNDS: usize = 3;
 
-/// Builds the browse indexes `names`'s outbox lacks; returns the ones built.
-pub(super) async fn create(names: &Names, pool: &PgPool) -> Result<Vec<String>> {
+/// Builds the indexes of `indexes` that `table` lacks; returns the ones built.
+pub(crate) async fn create(pool: &PgPool, table: &Indexed<'_>, indexes: &[IndexSpec]) -> Result<Vec<String>> {
     let partitioned: bool = sqlx::query_scalar("SELECT relkind = 'p' FROM pg_class WHERE oid = $1::regclass")
-        .bind(&names.outbox)
+        .bind(table.qualified)
         .fetch_one(pool)
         .await?;
     let mut built = Vec::new();
-    for (suffix, short, definition) in BROWSE_INDEXES {
-        let name = format!("{}_{suffix}", names.table);
-        match valid(pool, &names.schema, &name).await? {
+    for (suffix, short, definition) in indexes {
+        let name = format!("{}_{suffix}", table.name);
+        match valid(pool, table.schema, &name).await? {
             Some(true) => continue,
             Some(false) => {
                 // An interrupted CONCURRENTLY build leaves an invalid index: build it again.
                 let drop = if partitioned { "DROP INDEX" } else { "DROP INDEX CONCURRENTLY" };
-                execute(pool, format!("{drop} IF EXISTS \"{}\".\"{name}\"", names.schema)).await?;
+                execute(pool, format!("{drop} IF EXISTS \"{}\".\"{name}\"", table.schema)).await?;
             }
             None => {}
         }
         if partitioned {
-            create_partitioned(names, pool, &name, short, definition).await?;
+            create_partitioned(table, pool, &name, short, definition).await?;
         } else {
             execute(
                 pool,
                 format!(
                     "CREATE INDEX CONCURRENTLY IF NOT EXISTS \"{name}\" ON {} {definition}",
-                    names.outbox
+                    table.qualified
                 ),
             )
             .await?;
         }
-        if valid(pool, &names.schema, &name).await? != Some(true) {
+        // Valid, and on this table (a table converted into partitions leaves its old one
+        // beside it, with indexes of the same names).
+        if valid(pool, table.schema, &name).await? != Some(true)
+            || missing(pool, table, &[(*suffix, *short, *definition)]).await?.contains(&name)
+        {
             return Err(Error::Config(format!(
                 "the browse index {name} of {} is not valid after its build: run it again",
-                names.outbox
+                table.qualified
             )));
         }
-        info!(table = %names.outbox, index = %name, stage = "browse-indexes", "browse index built");
+        info!(table = %table.qualified, index = %name, stage = "browse-indexes", "browse index built");
         built.push(name);
     }
     Ok(built)
 }
 
-/// On a partitioned outbox: the index on the partitioned table only (instant, invalid until
+/// On a partitioned table: the index on the partitioned table only (instant, invalid until
 /// every partition has its own attached), then each partition's built concurrently and
 /// attached.
 async fn create_partitioned(
-    names: &Names,
+    table: &Indexed<'_>,
     pool: &PgPool,
     name: &str,
     short: &str,
     definition: &str,
 ) -> Result<()> {
-    let schema = &names.schema;
-    execute(pool, format!("CREATE INDEX IF NOT EXISTS \"{name}\" ON ONLY {} {definition}", names.outbox))
+    let schema = table.schema;
+    execute(pool, format!("CREATE INDEX IF NOT EXISTS \"{name}\" ON ONLY {} {definition}", table.qualified))
         .await?;
     for _ in 0..ROUNDS {
         // Partitions without an index attached to this one.
@@ -76,7 +113,7 @@ async fn create_partitioned(
                  SELECT 1 FROM pg_inherits h JOIN pg_index i ON i.indexrelid = h.inhrelid \
                  WHERE h.inhparent = format('%I.%I', $2::text, $3::text)::regclass AND i.indrelid = t.relid)",
         )
-        .bind(&names.outbox)
+        .bind(table.qualified)
         .bind(schema)
         .bind(name)
         .fetch_all(pool)
