@@ -359,6 +359,27 @@ async fn an_operator_retries_a_failure_group_in_the_browser_and_the_relay_publis
     }
     assert_eq!(status_of(&pool, ids[3]).await, "failed", "the other cause's event was not swept in");
 
+    // Replay one of them from its page: a dry run first, then published again, same id.
+    client.goto(&format!("{base}/events/{}", ids[0])).await.expect("its page");
+    client.find(Locator::Id("replay")).await.expect("the replay button").click().await.expect("replay");
+    assert_eq!(appear(&client, "matched").await, "1");
+    let counts = client.find(Locator::Id("replay-counts")).await.expect("counts").text().await.expect("text");
+    assert!(counts.contains("1 published"), "{counts}");
+    std::fs::write(shots_dir().join("replay-confirm-1440.png"), client.screenshot().await.expect("shot"))
+        .expect("shot");
+    assert_eq!(status_of(&pool, ids[0]).await, "published", "the dry run changed nothing");
+    client.find(Locator::Id("confirm")).await.expect("confirm").click().await.expect("confirm");
+    assert_eq!(appear(&client, "applied").await, "1");
+    assert_eq!(status_of(&pool, ids[0]).await, "pending");
+    let relay = start(&pool, &outbox, quick(&kafka));
+    let again =
+        eventually(Duration::from_secs(60), || async { status_of(&pool, ids[0]).await == "published" }).await;
+    assert!(again, "the relay published the replayed event");
+    relay.shutdown().await;
+    let records = kafka.read_all(Parcel::TOPIC, Duration::from_secs(60));
+    let copies = records.iter().filter(|r| r.headers.get("ce_id") == Some(&ids[0].to_string())).count();
+    assert_eq!(copies, 2, "the replayed event read back twice, with its one id");
+
     // A page of another origin whose form submits itself to the console: refused.
     let evil = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("port");
     let evil_addr = evil.local_addr().expect("addr");
@@ -378,7 +399,7 @@ async fn an_operator_retries_a_failure_group_in_the_browser_and_the_relay_publis
     assert_eq!(status_of(&pool, ids[3]).await, "failed", "the database is unchanged");
     let audited: i64 =
         sqlx::query_scalar("SELECT count(*) FROM outbox_audit").fetch_one(&pool).await.expect("audit");
-    assert_eq!(audited, 1, "one action: the operator's retry");
+    assert_eq!(audited, 2, "two actions: the operator's retry and replay");
     // A browser without EventSource: the overview polls, and shows a change within a poll.
     client.issue_cmd(BeforeEveryPage("delete window.EventSource;")).await.expect("no EventSource");
     client.goto(&format!("{base}/")).await.expect("overview");
