@@ -32,6 +32,8 @@
 //! | `outbox_relay_claim_windows_passed_total` | counter | | claims whose window of fresh events was full of events held back behind an earlier event of their aggregate (waiting for a retry or failed), so that the next claim walks on past it |
 //! | `outbox_refused_total` | counter | `event_type` | non-critical appends refused near capacity |
 //! | `outbox_relay_batch_seconds` | histogram | | one relay batch: read, publish, mark |
+//! | `outbox_relay_in_flight` | gauge | | events this process's relay claimed (or streamed) and has not recorded yet: being sent, or sent and being marked |
+//! | `outbox_relay_report_errors_total` | counter | | reports of events in flight to the relays table that failed (the next report, 2 s later at most, tries again) |
 //! | `outbox_created_to_published_seconds` | histogram | | from append to the mark after the ack |
 //! | `outbox_cdc_standby` | gauge | | 1 while a change-data-capture relay waits for the slot another process streams from |
 //! | `outbox_cdc_reconnects_total` | counter | | replication streams that failed and were connected again |
@@ -71,6 +73,8 @@ pub(crate) const CLAIM_WINDOWS_PASSED: &str = "outbox_relay_claim_windows_passed
 pub(crate) const REFUSED: &str = "outbox_refused_total";
 pub(crate) const BATCH_SECONDS: &str = "outbox_relay_batch_seconds";
 pub(crate) const CREATED_TO_PUBLISHED: &str = "outbox_created_to_published_seconds";
+pub(crate) const RELAY_IN_FLIGHT: &str = "outbox_relay_in_flight";
+pub(crate) const RELAY_REPORT_ERRORS: &str = "outbox_relay_report_errors_total";
 #[cfg(feature = "cdc")]
 pub(crate) const CDC_STANDBY: &str = "outbox_cdc_standby";
 #[cfg(feature = "cdc")]

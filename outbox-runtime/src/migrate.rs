@@ -335,6 +335,15 @@ CREATE TABLE {topics} (
     );
     // A new install's outbox starts partitioned (an existing one is converted online).
     let v13 = crate::partition::convert::new_install_sql(names);
+    let v14 = format!(
+        r#"
+-- What each relay has in flight (claimed or streamed, not yet recorded), per topic, as it
+-- last reported, and until when that report stands (NULL: nothing in flight, which needs
+-- no refreshing). Nullable columns without a default: no table rewrite.
+ALTER TABLE {relays} ADD COLUMN in_flight jsonb, ADD COLUMN in_flight_until timestamptz;
+"#,
+        relays = names.relays,
+    );
     let v9 = format!("DROP INDEX CONCURRENTLY IF EXISTS \"{}\".{}", names.schema, names.index("pending"));
     // (version, description, SQL, whether it runs outside a transaction: CONCURRENTLY)
     [
@@ -351,6 +360,7 @@ CREATE TABLE {topics} (
         (11, "event id check across partitions, partitioning settings", v11, false),
         (12, "index of failed events by id", v12, true),
         (13, "a new install's outbox in partitions", v13, false),
+        (14, "what each relay has in flight", v14, false),
     ]
     .into_iter()
     .map(|(version, description, sql, no_tx)| {

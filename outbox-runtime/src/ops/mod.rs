@@ -28,7 +28,7 @@ pub use crate::action::{ActionFilter, ActionReport, AuditEntry, AuditPage};
 pub use browse::{EventPage, EventQuery, EventState, EventSummary, MAX_PAGE};
 pub use detail::{EventDetail, FailureGroup, Payload, NEIGHBOURS};
 pub use gauges::Gauges;
-pub use overview::{Capped, Overview, RelayLeases, StateCount};
+pub use overview::{Capped, InFlight, Overview, RelayLeases, StateCount};
 pub use partition::{KeptPartition, PartitionReport};
 pub use reconcile::{InboxSide, Reconciliation, ReconciliationRow};
 pub use replay::{ReplayFilter, ReplayReport};

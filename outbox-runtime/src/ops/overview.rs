@@ -47,6 +47,23 @@ pub struct RelayLeases {
     pub live_partitions: i64,
     /// Work partitions whose lease it held and let expire (another relay takes them).
     pub expired_partitions: i64,
+    /// Events it has in flight (claimed or streamed, not yet recorded), as it last reported
+    /// them; `None` when it has no report standing (it stopped reporting: it died, or runs
+    /// a version that does not report).
+    pub in_flight: Option<i64>,
+}
+
+/// Events the relays have in flight: claimed (or streamed) and not yet recorded. A claim
+/// writes nothing to the rows, so these are the relays' own counts, as each last reported
+/// them (every 2 s at most while it has any); a relay that stops reporting stops counting
+/// a few reports later.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct InFlight {
+    /// Over every relay with a report standing.
+    pub events: i64,
+    /// Of those, how many per topic (topics with none left out).
+    pub by_topic: BTreeMap<String, i64>,
 }
 
 /// The outbox at one look, from [`Ops::overview`].
@@ -59,6 +76,9 @@ pub struct Overview {
     pub cap: i64,
     /// Age in seconds of the oldest event not yet published (pending, retrying or failed).
     pub oldest_unpublished_age_seconds: Option<f64>,
+    /// Events in flight (claimed by a relay, not yet recorded): between pending and the
+    /// state the relay's mark gives them.
+    pub in_flight: InFlight,
     /// The relays and the work partitions they hold; lease holders first.
     pub relays: Vec<RelayLeases>,
 }
@@ -117,15 +137,19 @@ impl Ops {
         )))
         .fetch_one(pool)
         .await?;
-        type Row = (Option<Uuid>, Option<String>, Option<f64>, i64, i64);
+        // A report stands until its `in_flight_until`; one of nothing in flight has none.
+        let standing = "r.in_flight IS NOT NULL AND (r.in_flight_until IS NULL OR r.in_flight_until > now())";
+        type Row = (Option<Uuid>, Option<String>, Option<f64>, i64, i64, Option<i64>);
         let relays: Vec<Row> = sqlx::query_as(AssertSqlSafe(format!(
             "SELECT coalesce(l.owner, r.relay_id), \
                     to_char(r.heartbeat_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), \
                     EXTRACT(EPOCH FROM now() - r.heartbeat_at)::float8, \
                     count(l.work_partition) FILTER (WHERE l.owner IS NOT NULL AND l.expires_at > now()), \
-                    count(l.work_partition) FILTER (WHERE l.owner IS NULL OR l.expires_at <= now()) \
+                    count(l.work_partition) FILTER (WHERE l.owner IS NULL OR l.expires_at <= now()), \
+                    CASE WHEN {standing} THEN \
+                      (SELECT coalesce(sum(n::bigint), 0)::bigint FROM jsonb_each_text(r.in_flight) t(topic, n)) END \
              FROM {leases} l FULL JOIN {relays} r ON r.relay_id = l.owner \
-             GROUP BY 1, r.heartbeat_at \
+             GROUP BY 1, r.heartbeat_at, r.in_flight, r.in_flight_until \
              ORDER BY 4 DESC, 1",
             leases = names.leases,
             relays = names.relays,
@@ -134,16 +158,37 @@ impl Ops {
         .await?;
         let relays = relays
             .into_iter()
-            .map(|(relay_id, heartbeat_at, heartbeat_age_seconds, live_partitions, expired_partitions)| {
-                RelayLeases {
+            .map(
+                |(
                     relay_id,
                     heartbeat_at,
                     heartbeat_age_seconds,
                     live_partitions,
                     expired_partitions,
-                }
-            })
+                    in_flight,
+                )| {
+                    RelayLeases {
+                        relay_id,
+                        heartbeat_at,
+                        heartbeat_age_seconds,
+                        live_partitions,
+                        expired_partitions,
+                        in_flight,
+                    }
+                },
+            )
             .collect();
-        Ok(Overview { states, cap, oldest_unpublished_age_seconds: oldest, relays })
+        let by_topic: Vec<(String, i64)> = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT t.topic, sum(t.n::bigint)::bigint FROM {relays} r, jsonb_each_text(r.in_flight) t(topic, n) \
+             WHERE {standing} GROUP BY t.topic HAVING sum(t.n::bigint) > 0 ORDER BY t.topic",
+            relays = names.relays,
+        )))
+        .fetch_all(pool)
+        .await?;
+        let in_flight = InFlight {
+            events: by_topic.iter().map(|(_, n)| n).sum(),
+            by_topic: by_topic.into_iter().collect(),
+        };
+        Ok(Overview { states, cap, oldest_unpublished_age_seconds: oldest, in_flight, relays })
     }
 }

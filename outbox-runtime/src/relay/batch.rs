@@ -13,6 +13,7 @@ use tracing::{debug, info_span, warn, Instrument};
 use uuid::Uuid;
 
 use super::claim::{Fence, Marked, Marks, Placement, Row, Statements};
+use super::flight::Flight;
 use super::publish::{self, Sent};
 use super::topics::{Verdict, MISSING_CODE};
 use super::{Relay, RelayStats};
@@ -38,6 +39,8 @@ impl Relay {
     /// Publishes one batch and records the outcome of every row.
     pub(super) async fn process(&mut self, rows: Vec<Row>, margin: Duration) -> BatchOutcome {
         let span = info_span!("relay_batch", relay_id = %self.id(), rows = rows.len());
+        // In flight from the claim until the mark is written (or has failed).
+        let flight = Flight::new(&self.stats, rows.iter().map(|r| r.topic.as_str()));
         async {
             let started = Instant::now();
             let (outcome, marks) = self.send(rows, Some(margin)).await;
@@ -57,13 +60,19 @@ impl Relay {
                 // mark, so the next batch is claimed (without these rows) and sent while it
                 // is written. A crash before it commits republishes them: duplicates only.
                 let ids = marks.published.iter().map(|(id, _)| *id).collect();
-                let task =
-                    self.tasks.spawn(async move { recorder.record(&marks, &fence).await }.in_current_span());
+                let task = self.tasks.spawn(
+                    async move {
+                        recorder.record(&marks, &fence).await;
+                        drop(flight);
+                    }
+                    .in_current_span(),
+                );
                 self.marking = Some((ids, task));
             } else {
                 // A retry or failure mark must be written before the next claim: it is what
                 // holds the aggregate's later events back.
                 recorder.record(&marks, &fence).await;
+                drop(flight);
             }
             self.renew_producer_if_fatal();
             metrics::histogram!(crate::metrics::BATCH_SECONDS).record(started.elapsed().as_secs_f64());

@@ -114,6 +114,8 @@ impl Relay {
             return Ok(None);
         }
         let span = info_span!("relay_batch", relay_id = %self.id(), rows = rows.len(), mode = "hold_locks");
+        // In flight from the claim until the transaction that marks them ends.
+        let _flight = super::flight::Flight::new(&self.stats, rows.iter().map(|r| r.topic.as_str()));
         async {
             let started = Instant::now();
             let (outcome, marks) = self.send(rows, None).await;

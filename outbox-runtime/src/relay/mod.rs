@@ -30,6 +30,7 @@ pub mod bench;
 pub(crate) mod claim;
 mod config;
 mod cursor;
+pub(crate) mod flight;
 mod hold;
 mod lease;
 mod listen;
@@ -66,6 +67,7 @@ pub struct RelayStats {
     pub(crate) fenced: AtomicU64,
     pub(crate) batches: AtomicU64,
     pub(crate) order_gaps: AtomicU64,
+    pub(crate) in_flight: flight::Counts,
 }
 
 impl RelayStats {
@@ -94,6 +96,15 @@ impl RelayStats {
     /// bug or a broker that does not keep the idempotent producer's sequence.
     pub fn order_gaps(&self) -> u64 {
         self.order_gaps.load(Ordering::Relaxed)
+    }
+    /// Events claimed (or, for the change-data-capture relay, streamed) and not yet
+    /// recorded: being sent, waiting in memory for a retry, or sent and being marked.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.by_topic().values().sum()
+    }
+    /// [`in_flight`](Self::in_flight) per topic, topics with none left out.
+    pub fn in_flight_by_topic(&self) -> std::collections::BTreeMap<String, u64> {
+        self.in_flight.by_topic()
     }
 }
 

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::claim::FreshCursor;
+use super::flight::{Reporter, REPORT_EVERY};
 use super::listen::listen;
 use super::{ClaimMode, Relay};
 use crate::backoff;
@@ -80,7 +81,15 @@ impl Relay {
         let renew_every = self.config.lease_ttl / 3;
         // The outbox's gauges are read on a task of their own: their queries never delay a
         // claim (they showed in the p99 of created-to-published latency).
-        tracker.spawn(record_gauges(self.pool.clone(), self.outbox.clone(), renew_every, shutdown.clone()));
+        let reporter =
+            Reporter::new(self.outbox.names(), self.id(), self.stats.clone(), REPORT_EVERY.min(renew_every));
+        tracker.spawn(record_gauges(
+            self.pool.clone(),
+            self.outbox.clone(),
+            renew_every,
+            reporter,
+            shutdown.clone(),
+        ));
         tracker.close();
         info!(relay_id = %self.id(), brokers = %redact_urls(&self.config.brokers), "relay started");
 
@@ -235,15 +244,28 @@ impl Relay {
     }
 }
 
-/// Sets the outbox's and the pool's gauges every `every` until shutdown.
-async fn record_gauges(pool: PgPool, outbox: Outbox, every: Duration, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(every);
+/// Sets the outbox's and the pool's gauges every `every`, and reports the relay's events
+/// in flight more often, until shutdown.
+async fn record_gauges(
+    pool: PgPool,
+    outbox: Outbox,
+    every: Duration,
+    mut reporter: Reporter,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(reporter.every());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next_gauges = Instant::now();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             () = shutdown.cancelled() => return,
         }
+        reporter.report(&pool).await;
+        if Instant::now() < next_gauges {
+            continue;
+        }
+        next_gauges = Instant::now() + every;
         crate::metrics::record_pool(&pool);
         if let Err(error) = outbox.ops().record_gauges(&pool).await {
             debug!(stage = "metrics", %error, "could not read the outbox status");

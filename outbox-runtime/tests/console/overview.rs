@@ -122,3 +122,52 @@ async fn the_overview_shows_each_consumers_lag_and_version_gaps(pool: PgPool) {
     assert!(get(addr, "/").await.body.contains("--brokers"));
     stop.cancel();
 }
+
+/// Events in flight, as the relays report them: summed over the reports that stand (the
+/// live relay's), per topic and per relay; a report that lapsed (a relay that died) and a
+/// relay that never reported count nothing and show no figure.
+#[sqlx::test(migrations = false)]
+async fn the_overview_sums_the_relays_standing_reports_of_events_in_flight(pool: PgPool) {
+    seed(&pool).await;
+    let (live, dead, silent, idle) =
+        (Uuid::from_u128(1), Uuid::from_u128(2), Uuid::from_u128(3), Uuid::from_u128(4));
+    for (relay, in_flight, until) in [
+        (live, Some(r#"{"orders": 2, "payments": 1}"#), "now() + interval '1 minute'"),
+        (dead, Some(r#"{"orders": 7}"#), "now() - interval '1 second'"),
+        (silent, None, "NULL"),
+        // Nothing in flight needs no refreshing: such a report stands without an end.
+        (idle, Some("{}"), "NULL"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO outbox_relays (relay_id, heartbeat_at, in_flight, in_flight_until) \
+             VALUES ($1, now(), $2::jsonb, {until})"
+        )))
+        .bind(relay)
+        .bind(in_flight)
+        .execute(&pool)
+        .await
+        .expect("relay");
+    }
+    let (addr, stop) = serve(&pool, ConsoleConfig::default()).await;
+    let overview: serde_json::Value =
+        serde_json::from_str(&get(addr, "/?format=json").await.body).expect("json");
+    let outbox = &overview["outbox"];
+    assert_eq!(outbox["in_flight"]["events"], 3, "{overview}");
+    assert_eq!(
+        outbox["in_flight"]["by_topic"],
+        serde_json::json!({"orders": 2, "payments": 1}),
+        "{overview}"
+    );
+    let relays = outbox["relays"].as_array().expect("relays");
+    let of = |id: Uuid| {
+        relays.iter().find(|r| r["relay_id"] == id.to_string()).expect("relay")["in_flight"].clone()
+    };
+    assert_eq!(
+        [of(live), of(dead), of(silent), of(idle)],
+        [3.into(), serde_json::Value::Null, serde_json::Value::Null, 0.into()]
+    );
+    let page = get(addr, "/").await.body;
+    assert!(page.contains(">in flight</span>") && page.contains("orders 2, payments 1"), "{page}");
+    assert!(page.contains("<th scope=\"col\">In flight</th>"), "{page}");
+    stop.cancel();
+}

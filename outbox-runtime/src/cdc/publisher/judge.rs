@@ -10,7 +10,6 @@ use tracing::{debug, warn};
 use super::{Chain, Ended, Publisher, Waiting, TRANSIENT_WARN_EVERY, WRITE_ATTEMPTS};
 use crate::backoff;
 use crate::cdc::marks::Settled;
-use crate::relay::claim::Placement;
 use crate::relay::publish::Sent;
 use crate::relay::topics::MISSING_CODE;
 
@@ -22,7 +21,7 @@ impl Publisher {
         &mut self,
         chain: Chain,
         sent: Vec<Sent>,
-        published: &mut Vec<(i64, Placement, i32, u64)>,
+        published: &mut Vec<super::Acked>,
         settled: &mut Settled,
         done_now: &mut Vec<u64>,
     ) {
@@ -32,7 +31,7 @@ impl Publisher {
             let Some((row, meta)) = rows.next() else { return };
             match sent.next() {
                 Some(Sent::Acked(placement)) => {
-                    published.push((row.id, placement, row.attempts + 1, meta.seq))
+                    published.push((row.id, placement, row.attempts + 1, meta.seq, meta.flight))
                 }
                 Some(outcome) => break (row, meta, outcome),
                 // Never expected (a chain's outcomes end at its first row not acknowledged):

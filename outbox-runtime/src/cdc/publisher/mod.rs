@@ -24,6 +24,7 @@ use super::progress::Progress;
 use super::stream::{Ended, Item};
 use crate::relay::batch::Sender;
 use crate::relay::claim::{Placement, Row};
+use crate::relay::flight::Flight;
 use crate::relay::publish::{self, Sent};
 use crate::relay::topics::{SharedClock, Topics};
 use crate::relay::{RelayConfig, RelayStats};
@@ -38,15 +39,21 @@ const TRANSIENT_WARN_EVERY: Duration = Duration::from_secs(10);
 
 type Key = (String, String);
 
-/// What the publisher keeps of a streamed event besides the row: its transaction and its
-/// share of the memory budget (given back when it is dropped).
+/// What the publisher keeps of a streamed event besides the row: its transaction, its
+/// share of the memory budget (given back when it is dropped) and its count in flight
+/// (until it is done: published and marked, failed, handed over or skipped).
 #[derive(Debug)]
 struct Meta {
     seq: u64,
     /// Its transaction's id.
     xid: u32,
     _permit: OwnedSemaphorePermit,
+    flight: Flight,
 }
+
+/// An acknowledged event to mark published: its id, placement, attempts, transaction and
+/// count in flight (dropped once the mark is written).
+type Acked = (i64, Placement, i32, u64, Flight);
 
 /// An aggregate's events waiting in memory for a retry, in order.
 #[derive(Debug)]
@@ -152,7 +159,8 @@ impl Publisher {
             }
             Item::Row(row, permit) => {
                 self.progress.row(self.open);
-                fresh.push((*row, Meta { seq: self.open, xid: self.open_xid, _permit: permit }));
+                let flight = Flight::new(&self.stats, [row.topic.as_str()]);
+                fresh.push((*row, Meta { seq: self.open, xid: self.open_xid, _permit: permit, flight }));
             }
             Item::Commit(end) => self.progress.commit(self.open, end),
             Item::Position(lsn) => self.progress.position(lsn),
@@ -313,7 +321,7 @@ impl Publisher {
         let outcomes: Vec<Vec<Sent>> =
             results.into_iter().map(|r| r.into_iter().map(|(_, sent)| sent).collect()).collect();
 
-        let mut published: Vec<(i64, Placement, i32, u64)> = Vec::new();
+        let mut published: Vec<Acked> = Vec::new();
         for (chain, sent) in chains.into_iter().zip(outcomes) {
             self.judge(chain, sent, &mut published, &mut settled, &mut done_now);
         }
@@ -337,7 +345,7 @@ impl Publisher {
             let stats = self.stats.clone();
             self.marking = Some(AbortOnDropHandle::new(tokio::spawn(async move {
                 let rows: Vec<(i64, Placement, i32)> =
-                    published.iter().map(|(id, p, a, _)| (*id, *p, *a)).collect();
+                    published.iter().map(|(id, p, a, ..)| (*id, *p, *a)).collect();
                 let marked = retried("marking published events", || sql.published(&pool, &rows))
                     .await
                     .map_err(|e| match e {
@@ -346,7 +354,7 @@ impl Publisher {
                     })?;
                 metrics::counter!(crate::metrics::PUBLISHED).increment(marked);
                 stats.published.fetch_add(marked, Ordering::Relaxed);
-                Ok(published.into_iter().map(|(.., seq)| seq).collect())
+                Ok(published.into_iter().map(|(_, _, _, seq, _flight)| seq).collect())
             })));
         }
         if let Some(reason) = publish::fatal(&self.producer) {

@@ -32,7 +32,8 @@ fn row(id: i64) -> Row {
 
 fn meta(xid: u32) -> Meta {
     let budget = Arc::new(Semaphore::new(1));
-    Meta { seq: 0, xid, _permit: budget.try_acquire_owned().expect("a permit") }
+    let flight = crate::relay::flight::Flight::new(&Arc::default(), ["t"]);
+    Meta { seq: 0, xid, _permit: budget.try_acquire_owned().expect("a permit"), flight }
 }
 
 /// The stream can carry a transaction the moment its commit is in the WAL, before a new
