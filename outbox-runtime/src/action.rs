@@ -309,6 +309,27 @@ impl Audit<'_> {
         Ok(query.fetch_one(conn).await?)
     }
 
+    /// Records an action by id that changed its one row (`shown`) in `conn`'s transaction:
+    /// the row, with the id as its filter, and the report that says so.
+    pub(crate) async fn one(
+        &self,
+        conn: &mut PgConnection,
+        filter: ActionFilter,
+        shown: String,
+    ) -> Result<ActionReport> {
+        let id = self.start(&mut *conn, &filter, 1).await?;
+        self.add(conn, id, 1, 0).await?;
+        Ok(ActionReport {
+            action: self.action,
+            dry_run: false,
+            matched: 1,
+            applied: 1,
+            skipped: 0,
+            first: vec![shown],
+            audit_id: Some(id),
+        })
+    }
+
     /// Adds one batch's counts to row `id`.
     pub(crate) async fn add(
         &self,

@@ -385,3 +385,87 @@ async fn an_empty_filter_value_is_refused(pool: PgPool) {
     }
     assert!(parked_rows(&pool).await.iter().all(|(_, s, _)| s != "discarded"), "nothing discarded");
 }
+
+/// Every action of the command line is recorded in the audit table, by id too, keeping
+/// what each by-id command takes: `failed retry ID` and `retry --aggregate` take failed
+/// events, `discard ID` a failed or pending one (not a published one), the inbox's by id a
+/// parked message that is first of its key (one held behind another is refused, naming
+/// it, and records nothing). A command that changes nothing records nothing.
+#[sqlx::test(migrations = false)]
+async fn actions_by_id_are_audited_and_keep_what_they_take(pool: PgPool) {
+    let ids = common::seed(&pool).await; // a failed, a pending behind it, b pending, c published
+    let audit = |table: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_as::<_, (String, String, Option<String>, i64, i64, i64, serde_json::Value)>(
+                sqlx::AssertSqlSafe(format!(
+                "SELECT actor, action, reason, matched, applied, skipped, filter FROM {table} ORDER BY id"
+            )),
+            )
+            .fetch_all(&pool)
+            .await
+            .expect("audit")
+        }
+    };
+    let row = |actor: &str, action: &str, reason: Option<&str>, id: serde_json::Value| {
+        let filter = serde_json::json!({ "ids": [id] });
+        (actor.to_owned(), action.to_owned(), reason.map(str::to_owned), 1, 1, 0, filter)
+    };
+    let refail = || sqlx::query("UPDATE outbox SET status = 'failed' WHERE id = 1").execute(&pool);
+
+    let out = outbox_cli(&pool, &["failed", "retry", &ids[0].to_string(), "--actor", "bo", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("json");
+    assert_eq!((report["applied"].as_u64(), report["audit_id"].as_i64()), (Some(1), Some(1)), "{report}");
+    refail().await.expect("fail again");
+    let out = outbox_cli(&pool, &["retry", "--aggregate", "a", "--actor", "cy"]);
+    assert_eq!(
+        (out.status.code(), stdout(&out).trim()),
+        (Some(0), "1 failed event(s) put back up for publication")
+    );
+    let none = outbox_cli(&pool, &["retry", "--aggregate", "b", "--actor", "cy"]);
+    assert_eq!(none.status.code(), Some(1), "b has no failed event: {none:?}");
+    let out = outbox_cli(
+        &pool,
+        &["discard", &ids[2].to_string(), "--reason", "never needed", "--yes", "--actor", "di"],
+    );
+    assert_eq!(out.status.code(), Some(0), "a pending event is discarded by id: {out:?}");
+    let out = outbox_cli(&pool, &["failed", "discard", &ids[3].to_string(), "--reason", "x", "--yes"]);
+    assert_eq!(out.status.code(), Some(1), "a published one is not: {out:?}");
+    assert_eq!(statuses(&pool).await, ["pending", "pending", "discarded", "published"]);
+    assert_eq!(
+        audit("outbox_audit").await,
+        [
+            row("bo", "retry", None, ids[0].to_string().into()),
+            row("cy", "retry", None, ids[0].to_string().into()),
+            row("di", "discard", Some("never needed"), ids[2].to_string().into()),
+        ]
+    );
+
+    billing_inbox(&pool).await;
+    let parked = |offset, key, status| Parked {
+        partition: 0,
+        offset,
+        key,
+        event_type: "e",
+        version: 1,
+        status,
+        reason: "r",
+    };
+    park(&pool, &[parked(1, "k", "parked"), parked(2, "k", "held"), parked(3, "l", "parked")]).await;
+    let inbox = |args: &[&str]| outbox_cli(&pool, &[&["inbox", "--consumer", "billing"][..], args].concat());
+    let held = inbox(&["retry", "2", "--actor", "ed"]);
+    assert_eq!(held.status.code(), Some(4), "held behind 1: {held:?}");
+    let out = inbox(&["retry", "3", "--actor", "ed", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = inbox(&["discard", "1", "--reason", "poison", "--yes", "--actor", "fa"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(stdout(&out).contains("1 held behind it go to the running consumer"), "{}", stdout(&out));
+    assert_eq!(
+        audit("inbox_audit").await,
+        [row("ed", "retry", None, 3.into()), row("fa", "discard", Some("poison"), 1.into())]
+    );
+    let consumers: Vec<Option<String>> =
+        sqlx::query_scalar("SELECT consumer FROM inbox_audit").fetch_all(&pool).await.expect("consumers");
+    assert_eq!(consumers, [Some("billing".to_owned()), Some("billing".to_owned())]);
+}

@@ -15,6 +15,7 @@ pub use parked::{ConsumerSummary, ParkedGroup, ParkedPage, ParkedQuery, ParkedSu
 
 use super::store::{InboxNames, Store};
 use super::ParkedMessage;
+use crate::action::{ActionFilter, ActionReport, Audit};
 use crate::error::{Error, Result};
 
 type Bytes = Vec<u8>;
@@ -130,10 +131,23 @@ impl InboxAdmin {
     /// Asks the running consumer to apply parked message `id` again, then the messages held
     /// behind it. Fails when `id` is not parked or is held behind an earlier message.
     pub async fn request_retry(&self, id: i64) -> Result<()> {
-        self.request_retry_unchecked(id).await.map_err(|e| self.names.not_migrated(e))
+        self.request_retry_unchecked(id, None).await.map(|_| ()).map_err(|e| self.names.not_migrated(e))
     }
 
-    async fn request_retry_unchecked(&self, id: i64) -> Result<()> {
+    /// [`InboxAdmin::request_retry`], recorded in the inbox's audit table with `actor`, as
+    /// the actions by filter are (the `outbox inbox … retry ID` command). A refusal (not
+    /// parked, held behind an earlier message) is an error and records nothing.
+    pub async fn request_retry_by(&self, id: i64, actor: &str) -> Result<ActionReport> {
+        let audit = self.audit_of(actor, "retry", None);
+        let report = self.request_retry_unchecked(id, Some(&audit)).await;
+        report.map(Option::unwrap_or_default).map_err(|e| self.names.not_migrated(e))
+    }
+
+    async fn request_retry_unchecked(
+        &self,
+        id: i64,
+        audit: Option<&Audit<'_>>,
+    ) -> Result<Option<ActionReport>> {
         let mut tx = self.pool.begin().await?;
         self.first_open(&mut tx, id).await?;
         sqlx::query(AssertSqlSafe(format!(
@@ -143,22 +157,56 @@ impl InboxAdmin {
         .bind(id)
         .execute(&mut *tx)
         .await?;
+        let report = match audit {
+            Some(audit) => {
+                Some(audit.one(&mut tx, ActionFilter::default().parked_id(id), id.to_string()).await?)
+            }
+            None => None,
+        };
         tx.commit().await?;
-        Ok(())
+        Ok(report)
+    }
+
+    /// The audit of an action by id on this consumer's inbox.
+    fn audit_of<'a>(&'a self, actor: &'a str, action: &'static str, reason: Option<&'a str>) -> Audit<'a> {
+        Audit { table: &self.names.audit, consumer: Some(&self.consumer), actor, action, reason }
     }
 
     /// Discards parked message `id` for good: it never applies, and a later delivery of
     /// its event is absorbed. The messages held behind it are handed to the running
     /// consumer, which applies them in order.
     pub async fn discard(&self, id: i64, reason: &str) -> Result<Discarded> {
-        self.discard_unchecked(id, reason).await.map_err(|e| self.names.not_migrated(e))
+        let discarded = self.discard_unchecked(id, reason, None).await;
+        discarded.map(|(discarded, _)| discarded).map_err(|e| self.names.not_migrated(e))
     }
 
-    async fn discard_unchecked(&self, id: i64, reason: &str) -> Result<Discarded> {
+    /// [`InboxAdmin::discard`], recorded in the inbox's audit table with `actor`, as the
+    /// actions by filter are (the `outbox inbox … discard ID` command). A refusal records
+    /// nothing.
+    pub async fn discard_by(&self, id: i64, reason: &str, actor: &str) -> Result<(ActionReport, Discarded)> {
+        let audit = self.audit_of(actor, "discard", Some(reason));
+        let discarded = self.discard_unchecked(id, reason, Some(&audit)).await;
+        discarded
+            .map(|(discarded, report)| (report.unwrap_or_default(), discarded))
+            .map_err(|e| self.names.not_migrated(e))
+    }
+
+    async fn discard_unchecked(
+        &self,
+        id: i64,
+        reason: &str,
+        audit: Option<&Audit<'_>>,
+    ) -> Result<(Discarded, Option<ActionReport>)> {
         let mut tx = self.pool.begin().await?;
         let discarded = self.discard_in(&mut tx, id, reason).await?;
+        let report = match audit {
+            Some(audit) => {
+                Some(audit.one(&mut tx, ActionFilter::default().parked_id(id), id.to_string()).await?)
+            }
+            None => None,
+        };
         tx.commit().await?;
-        Ok(discarded)
+        Ok((discarded, report))
     }
 
     /// [`InboxAdmin::discard`] in `tx`.

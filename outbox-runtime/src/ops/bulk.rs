@@ -4,7 +4,7 @@
 use sqlx::{AssertSqlSafe, PgPool};
 use uuid::Uuid;
 
-use super::Ops;
+use super::{Ops, RetryTarget};
 use crate::action::{ActionFilter, ActionReport, Audit, ACTION_BATCH, LISTED_IDS};
 use crate::error::{Error, Result};
 
@@ -40,6 +40,68 @@ impl Ops {
         self.act(pool, filter, actor, dry_run, "discard", Some(reason), set)
             .await
             .map_err(|e| self.not_migrated(e))
+    }
+
+    /// [`Ops::retry`] recorded in `<table>_audit` with `actor` (the `outbox retry` and
+    /// `outbox failed retry ID` commands): the failed event, the failed events of an
+    /// aggregate (fixed when it starts, recorded by their ids) or every failed event, put
+    /// back up as [`Ops::retry_failed`] does. An aggregate without failed events: `matched`
+    /// 0, and nothing is recorded.
+    pub async fn retry_by(&self, pool: &PgPool, target: &RetryTarget, actor: &str) -> Result<ActionReport> {
+        let filter = match target {
+            RetryTarget::Event(id) => ActionFilter::default().event_id(*id),
+            RetryTarget::AllFailed => ActionFilter::default(),
+            RetryTarget::Aggregate(aggregate_id) => {
+                let ids: Vec<Uuid> = sqlx::query_scalar(AssertSqlSafe(format!(
+                    "SELECT event_id FROM {} WHERE status = 'failed' AND aggregate_id = $1 ORDER BY id",
+                    self.names().outbox
+                )))
+                .bind(aggregate_id)
+                .fetch_all(pool)
+                .await
+                .map_err(|e| self.not_migrated(e.into()))?;
+                if ids.is_empty() {
+                    return Ok(ActionReport { action: "retry", ..ActionReport::default() });
+                }
+                ids.into_iter().fold(ActionFilter::default(), ActionFilter::event_id)
+            }
+        };
+        self.retry_failed(pool, &filter, actor, false).await
+    }
+
+    /// Discards one failed or pending event (a pending one too: one waiting for retries
+    /// that cannot succeed, or held behind its aggregate's failed event), as
+    /// [`Ops::discard`] does, recorded in `<table>_audit` with `actor` in the same
+    /// transaction (the `outbox discard ID` and `outbox failed discard ID` commands). No
+    /// such event failed or pending: `matched` 0, and nothing is recorded.
+    pub async fn discard_by(
+        &self,
+        pool: &PgPool,
+        event_id: Uuid,
+        reason: &str,
+        actor: &str,
+    ) -> Result<ActionReport> {
+        let names = self.names();
+        let mut tx = pool.begin().await.map_err(|e| self.not_migrated(e.into()))?;
+        let done = sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {} SET status = 'discarded', last_error = 'discarded: ' || $2 \
+             WHERE event_id = $1 AND status IN ('failed', 'pending')",
+            names.outbox
+        )))
+        .bind(event_id)
+        .bind(reason)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| self.not_migrated(e.into()))?;
+        if done.rows_affected() == 0 {
+            return Ok(ActionReport { action: "discard", ..ActionReport::default() });
+        }
+        let audit =
+            Audit { table: &names.audit, consumer: None, actor, action: "discard", reason: Some(reason) };
+        let report =
+            audit.one(&mut tx, ActionFilter::default().event_id(event_id), event_id.to_string()).await?;
+        tx.commit().await?;
+        Ok(report)
     }
 
     /// A missing table of the outbox as [`Error::NotMigrated`], its missing `failed_at`

@@ -11,6 +11,8 @@ use outbox_runtime::relay::{Cleanup, RelayConfig};
 use outbox_runtime::OutboxConfig;
 use uuid::Uuid;
 
+pub(crate) use crate::act::ActionArgs;
+
 #[derive(Parser)]
 #[command(
     name = "outbox",
@@ -69,7 +71,13 @@ pub(crate) enum Command {
         limit: u32,
     },
     /// Puts failed events back up for publication.
-    Retry(RetryArgs),
+    Retry {
+        #[command(flatten)]
+        target: RetryArgs,
+        /// Who acts, recorded in the audit table. Default: $USER, else "unknown".
+        #[arg(long)]
+        actor: Option<String>,
+    },
     /// Discards an event for good; the events of its aggregate behind it flow again.
     Discard {
         /// The event to discard.
@@ -80,6 +88,9 @@ pub(crate) enum Command {
         /// Confirms the discard.
         #[arg(long)]
         yes: bool,
+        /// Who acts, recorded in the audit table. Default: $USER, else "unknown".
+        #[arg(long)]
+        actor: Option<String>,
     },
     /// Publishes published events again, with their original event ids (consumers absorb
     /// what they already applied).
@@ -236,49 +247,6 @@ pub(crate) enum FailedCommand {
         #[command(flatten)]
         action: ActionArgs,
     },
-}
-
-/// An operator's action by filter: what it takes and how it runs.
-#[derive(Args)]
-pub(crate) struct ActionArgs {
-    /// Only this event type (repeatable: any of them).
-    #[arg(long = "event-type")]
-    pub(crate) event_types: Vec<String>,
-    /// Only this topic.
-    #[arg(long)]
-    pub(crate) topic: Option<String>,
-    /// Only those whose reason contains this text (without regard to case).
-    #[arg(long)]
-    pub(crate) reason_contains: Option<String>,
-    /// Failed (parked) at or after this time (a PostgreSQL timestamp, e.g. 2026-11-30T10:00:00Z).
-    #[arg(long)]
-    pub(crate) since: Option<String>,
-    /// Failed (parked) before this time.
-    #[arg(long)]
-    pub(crate) until: Option<String>,
-    /// Count and list the first matches; change nothing.
-    #[arg(long)]
-    pub(crate) dry_run: bool,
-    /// Confirms the action (without it, a filter's matches are only counted).
-    #[arg(long)]
-    pub(crate) yes: bool,
-    /// Who acts, recorded in the audit table. Default: $USER, else "unknown".
-    #[arg(long)]
-    pub(crate) actor: Option<String>,
-    /// Print JSON instead of text.
-    #[arg(long)]
-    pub(crate) json: bool,
-}
-
-impl ActionArgs {
-    /// Whether any filter flag is given.
-    pub(crate) fn filters(&self) -> bool {
-        !self.event_types.is_empty()
-            || self.topic.is_some()
-            || self.reason_contains.is_some()
-            || self.since.is_some()
-            || self.until.is_some()
-    }
 }
 
 #[derive(Args)]

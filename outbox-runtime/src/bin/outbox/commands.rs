@@ -11,11 +11,10 @@ use outbox_runtime::secrets::redact_urls;
 use outbox_runtime::sqlx::postgres::PgPoolOptions;
 use outbox_runtime::sqlx::PgPool;
 use outbox_runtime::{CancellationToken, Capacity, Error, Outbox, OutboxConfig};
-use uuid::Uuid;
 
 use crate::act::{self, Target};
 use crate::args::{
-    ActionArgs, Cli, Command, FailedCommand, InboxArgs, InboxCommand, ReconcileArgs, RelayArgs, SchemaIdArgs,
+    Cli, Command, FailedCommand, InboxArgs, InboxCommand, ReconcileArgs, RelayArgs, SchemaIdArgs,
 };
 use crate::{fail, hint, render, Fail};
 
@@ -77,15 +76,17 @@ async fn dispatch(outbox: Outbox, pool: PgPool, url: &str, command: Command) -> 
             }
         }
         Command::Failed(FailedCommand::Retry { event_id: Some(id), action }) => {
-            refuse_filters_with_an_id(&action)?;
-            return retry(&outbox, &pool, &RetryTarget::Event(id)).await;
+            act::refuse_filters_with_an_id(&action)?;
+            let target = RetryTarget::Event(id);
+            return act::retry_by(&outbox.ops(), &pool, &target, action.actor, action.json).await;
         }
         Command::Failed(FailedCommand::Retry { event_id: None, action }) => {
             return act::by_filter(&pool, Target::Failed(&outbox.ops()), None, action).await;
         }
         Command::Failed(FailedCommand::Discard { event_id: Some(id), reason, action }) => {
-            refuse_filters_with_an_id(&action)?;
-            return discard(&outbox, &pool, id, &reason, action.yes).await;
+            act::refuse_filters_with_an_id(&action)?;
+            let how = (action.yes, action.actor, action.json);
+            return act::discard_by(&outbox.ops(), &pool, id, &reason, how).await;
         }
         Command::Failed(FailedCommand::Discard { event_id: None, reason, action }) => {
             return act::by_filter(&pool, Target::Failed(&outbox.ops()), Some(&reason), action).await;
@@ -106,16 +107,16 @@ async fn dispatch(outbox: Outbox, pool: PgPool, url: &str, command: Command) -> 
                 render::retrying(&retrying);
             }
         }
-        Command::Retry(args) => {
-            let target = match (args.event_id, args.aggregate, args.all_failed) {
+        Command::Retry { target, actor } => {
+            let target = match (target.event_id, target.aggregate, target.all_failed) {
                 (Some(id), _, _) => RetryTarget::Event(id),
                 (_, Some(aggregate), _) => RetryTarget::Aggregate(aggregate),
                 _ => RetryTarget::AllFailed,
             };
-            return retry(&outbox, &pool, &target).await;
+            return act::retry_by(&outbox.ops(), &pool, &target, actor, false).await;
         }
-        Command::Discard { event_id, reason, yes } => {
-            return discard(&outbox, &pool, event_id, &reason, yes).await
+        Command::Discard { event_id, reason, yes, actor } => {
+            return act::discard_by(&outbox.ops(), &pool, event_id, &reason, (yes, actor, false)).await
         }
         Command::Replay(args) => {
             let f = args.filter;
@@ -185,40 +186,6 @@ async fn dispatch(outbox: Outbox, pool: PgPool, url: &str, command: Command) -> 
         Command::Inbox(args) => return inbox(pool, args).await,
     }
     Ok(ExitCode::SUCCESS)
-}
-
-async fn retry(outbox: &Outbox, pool: &PgPool, target: &RetryTarget) -> Result<ExitCode, Fail> {
-    let n = outbox.ops().retry(pool, target).await?;
-    println!("{n} failed event(s) put back up for publication");
-    Ok(if n == 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
-}
-
-async fn discard(
-    outbox: &Outbox,
-    pool: &PgPool,
-    event_id: Uuid,
-    reason: &str,
-    yes: bool,
-) -> Result<ExitCode, Fail> {
-    if !yes {
-        return Err(fail(
-            2,
-            format!("discarding {event_id} means it is never published; add --yes to confirm"),
-        ));
-    }
-    if !outbox.ops().discard(pool, event_id, reason).await? {
-        return Err(fail(1, format!("no failed or pending event {event_id}")));
-    }
-    println!("discarded {event_id}: {reason}");
-    Ok(ExitCode::SUCCESS)
-}
-
-/// An id and a filter together are ambiguous: refused.
-fn refuse_filters_with_an_id(args: &ActionArgs) -> Result<(), Fail> {
-    if args.filters() || args.dry_run {
-        return Err(fail(2, "give an id or a filter (with --dry-run), not both"));
-    }
-    Ok(())
 }
 
 pub(crate) async fn relay(
@@ -340,26 +307,10 @@ pub(crate) async fn inbox(pool: PgPool, args: InboxArgs) -> Result<ExitCode, Fai
             return act::by_filter(admin.pool(), Target::Parked(&admin), Some(&reason), action).await;
         }
         InboxCommand::Retry { id: Some(id), action } => {
-            refuse_filters_with_an_id(&action)?;
-            admin.request_retry(id).await?;
-            println!(
-                "retry of parked message {id} requested; the running consumer {} carries it out",
-                args.consumer
-            );
+            return act::parked_by_id(&admin, &args.consumer, id, None, action).await;
         }
         InboxCommand::Discard { id: Some(id), reason, action } => {
-            refuse_filters_with_an_id(&action)?;
-            if !action.yes {
-                return Err(fail(
-                    2,
-                    format!("discarding parked message {id} means it never applies; add --yes to confirm"),
-                ));
-            }
-            let discarded = admin.discard(id, &reason).await?;
-            println!(
-                "discarded parked message {id}: {reason}; {} held behind it go to the running consumer",
-                discarded.held_behind
-            );
+            return act::parked_by_id(&admin, &args.consumer, id, Some(&reason), action).await;
         }
     }
     Ok(ExitCode::SUCCESS)
