@@ -45,8 +45,9 @@ impl Ops {
     /// [`Ops::retry`] recorded in `<table>_audit` with `actor` (the `outbox retry` and
     /// `outbox failed retry ID` commands): the failed event, the failed events of an
     /// aggregate (fixed when it starts, recorded by their ids) or every failed event, put
-    /// back up as [`Ops::retry_failed`] does. An aggregate without failed events: `matched`
-    /// 0, and nothing is recorded.
+    /// back up as [`Ops::retry_failed`] does. An event or an outbox with nothing failed is
+    /// recorded with `matched` 0, as an action by filter that finds nothing is; an
+    /// aggregate without failed events records nothing (it names no ids to record).
     pub async fn retry_by(&self, pool: &PgPool, target: &RetryTarget, actor: &str) -> Result<ActionReport> {
         let filter = match target {
             RetryTarget::Event(id) => ActionFilter::default().event_id(*id),
