@@ -5,6 +5,7 @@
 //! and an action on exactly one group; capped counts.
 
 use std::collections::BTreeSet;
+use std::time::{Duration, SystemTime};
 
 use outbox_runtime::ops::{ActionFilter, EventQuery, EventState, EventSummary};
 use outbox_runtime::{Error, Outbox};
@@ -15,8 +16,17 @@ mod common;
 
 use common::{append_pings, existing_install};
 
-/// A row as the ground truth reads it: (id, event id, aggregate id, type, topic, state).
-type Truth = (i64, Uuid, String, String, String, EventState);
+/// A row as the ground truth reads it: (id, event id, aggregate id, type, topic, state,
+/// seconds after [`BASE`] it was appended).
+type Truth = (i64, Uuid, String, String, String, EventState, u64);
+
+/// 2026-01-01T00:00:00Z: the events' times are this and up to 120 seconds after, at random
+/// (ties included), so that their order by time is not their order by id.
+const BASE: u64 = 1_767_225_600;
+
+fn at(seconds: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(BASE + seconds)
+}
 
 const TYPES: [&str; 3] = ["order.placed", "order.shipped", "invoice.issued"];
 const TOPICS: [&str; 2] = ["orders", "invoices"];
@@ -35,13 +45,14 @@ async fn random_events(pool: &PgPool, n: usize, rng: &mut fastrand::Rng) {
         };
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE outbox SET status = $2, next_attempt_at = {next}, event_type = $3, topic = $4, \
-                    last_error = CASE WHEN $2 IN ('failed', 'discarded') THEN 'error on offset ' || $1 END \
+                    created_at = to_timestamp($5::bigint), last_error = CASE WHEN $2 IN ('failed', 'discarded') THEN 'error on offset ' || $1 END \
              WHERE id = (SELECT min(id) FROM outbox) + $1 - 1"
         )))
         .bind(id)
         .bind(status)
         .bind(TYPES[rng.usize(0..TYPES.len())])
         .bind(TOPICS[rng.usize(0..TOPICS.len())])
+        .bind(i64::try_from(BASE).expect("base") + rng.i64(0..=120))
         .execute(pool)
         .await
         .expect("state");
@@ -49,19 +60,23 @@ async fn random_events(pool: &PgPool, n: usize, rng: &mut fastrand::Rng) {
 }
 
 async fn truth(pool: &PgPool) -> Vec<Truth> {
-    let rows: Vec<(i64, Uuid, String, String, String, String, bool)> = sqlx::query_as(
-        "SELECT id, event_id, aggregate_id, event_type, topic, status, next_attempt_at > '-infinity' FROM outbox ORDER BY id DESC",
+    /// Id, event id, aggregate id, type, topic, status, waiting, seconds since 1970.
+    type Row = (i64, Uuid, String, String, String, String, bool, i64);
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT id, event_id, aggregate_id, event_type, topic, status, next_attempt_at > '-infinity', \
+                extract(epoch FROM created_at)::bigint FROM outbox ORDER BY id DESC",
     )
     .fetch_all(pool)
     .await
     .expect("rows");
     rows.into_iter()
-        .map(|(id, event_id, aggregate, t, topic, status, waiting)| {
+        .map(|(id, event_id, aggregate, t, topic, status, waiting, epoch)| {
             let state = match (status.as_str(), waiting) {
                 ("pending", true) => EventState::Retrying,
                 (status, _) => status.parse().expect("a state"),
             };
-            (id, event_id, aggregate, t, topic, state)
+            let seconds = u64::try_from(epoch).expect("after 1970") - BASE;
+            (id, event_id, aggregate, t, topic, state, seconds)
         })
         .collect()
 }
@@ -72,6 +87,8 @@ fn matches(row: &Truth, q: &EventQuery) -> bool {
         && q.aggregate_id.as_ref().is_none_or(|a| *a == row.2)
         && q.event_type.as_ref().is_none_or(|t| *t == row.3)
         && q.topic.as_ref().is_none_or(|t| *t == row.4)
+        && q.since.is_none_or(|t| at(row.6) >= t)
+        && q.until.is_none_or(|t| at(row.6) < t)
 }
 
 /// The event ids of the failed events.
@@ -111,14 +128,16 @@ fn seed() -> u64 {
 
 #[sqlx::test(migrations = false)]
 async fn pages_list_every_matching_event_once_newest_first(pool: PgPool) {
+    // Newest first: by id, or, in a time window, by time then id.
     let seed = seed();
     let mut rng = fastrand::Rng::with_seed(seed);
     random_events(&pool, 300, &mut rng).await;
     let ops = Outbox::default_ref().ops();
-    assert_eq!(ops.create_browse_indexes(&pool).await.expect("indexes").len(), 4);
+    assert_eq!(ops.create_browse_indexes(&pool).await.expect("indexes").len(), 5);
     let rows = truth(&pool).await;
     let mut compared = 0;
-    for round in 0..60 {
+    let mut reordered = 0;
+    for round in 0..80 {
         let mut q = EventQuery::default().limit(rng.u32(1..40));
         if rng.bool() {
             q = q.state(EventState::ALL[rng.usize(0..5)]);
@@ -135,10 +154,22 @@ async fn pages_list_every_matching_event_once_newest_first(pool: PgPool) {
         if rng.u8(0..6) == 0 {
             q = q.event_id(rows[rng.usize(0..rows.len())].1);
         }
-        let expected: Vec<i64> = rows.iter().filter(|r| matches(r, &q)).map(|r| r.0).collect();
+        let (from, to) = (rng.u64(0..=120), rng.u64(1..=121));
+        match rng.u8(0..4) {
+            0 => q = q.since(at(from)),
+            1 => q = q.until(at(to)),
+            2 if from < to => q = q.since(at(from)).until(at(to)),
+            _ => {}
+        }
+        let mut matched: Vec<&Truth> = rows.iter().filter(|r| matches(r, &q)).collect();
+        if q.since.is_some() || q.until.is_some() {
+            matched.sort_by_key(|r| std::cmp::Reverse((r.6, r.0)));
+        }
+        let expected: Vec<i64> = matched.iter().map(|r| r.0).collect();
         let listed = walk(&pool, &q).await;
         let got: Vec<i64> = listed.iter().map(|e| e.id).collect();
         assert_eq!(got, expected, "seed {seed}, round {round}: {q:?}");
+        reordered += usize::from(!got.is_sorted_by(|a, b| a > b));
         for e in &listed {
             let row = rows.iter().find(|r| r.0 == e.id).expect("a row");
             assert_eq!(
@@ -149,6 +180,7 @@ async fn pages_list_every_matching_event_once_newest_first(pool: PgPool) {
         compared += got.len();
     }
     assert!(compared > 300, "the queries listed events ({compared}), not only empty pages");
+    assert!(reordered > 3, "time windows listed events out of id order ({reordered} rounds)");
 }
 
 #[sqlx::test(migrations = false)]
@@ -158,13 +190,21 @@ async fn a_filter_whose_index_is_missing_is_refused_by_name(pool: PgPool) {
     let missing = ops.missing_browse_indexes(&pool).await.expect("missing");
     assert_eq!(
         missing,
-        ["outbox_browse_agg", "outbox_browse_type", "outbox_browse_retry", "outbox_browse_disc"]
+        [
+            "outbox_browse_agg",
+            "outbox_browse_type",
+            "outbox_browse_retry",
+            "outbox_browse_disc",
+            "outbox_browse_time"
+        ]
     );
     for (q, index) in [
         (EventQuery::default().aggregate_id("a"), "outbox_browse_agg"),
         (EventQuery::default().event_type("test.cli"), "outbox_browse_type"),
         (EventQuery::default().state(EventState::Retrying), "outbox_browse_retry"),
         (EventQuery::default().state(EventState::Discarded), "outbox_browse_disc"),
+        (EventQuery::default().since(SystemTime::now()), "outbox_browse_time"),
+        (EventQuery::default().state(EventState::Failed).until(SystemTime::now()), "outbox_browse_time"),
     ] {
         match ops.events(&pool, &q).await {
             Err(Error::Config(message)) => assert!(message.contains(index), "{message}"),
@@ -196,7 +236,7 @@ async fn plan(pool: &PgPool, sql: &str) -> String {
 
 async fn indexes_serve_every_list(pool: &PgPool) {
     let ops = Outbox::default_ref().ops();
-    assert_eq!(ops.create_browse_indexes(pool).await.expect("indexes").len(), 4, "built");
+    assert_eq!(ops.create_browse_indexes(pool).await.expect("indexes").len(), 5, "built");
     assert!(ops.create_browse_indexes(pool).await.expect("again").is_empty(), "a second run builds nothing");
     assert!(ops.missing_browse_indexes(pool).await.expect("missing").is_empty());
     sqlx::query("ANALYZE outbox").execute(pool).await.expect("analyze");
@@ -209,9 +249,20 @@ async fn indexes_serve_every_list(pool: &PgPool) {
         "o.status = 'failed' ORDER BY o.id DESC LIMIT 51",
         "o.status = 'pending' AND o.next_attempt_at = '-infinity' ORDER BY o.id DESC LIMIT 51",
         "o.event_id = '00000000-0000-0000-0000-000000000000'",
+        "o.created_at >= now() - interval '1 hour' ORDER BY o.created_at DESC, o.id DESC LIMIT 51",
+        "(o.created_at, o.id) < ((SELECT c.created_at FROM outbox c WHERE c.id = 7), 7) \
+         ORDER BY o.created_at DESC, o.id DESC LIMIT 51",
     ] {
         let plan = plan(pool, &format!("{summary} {condition}")).await;
         assert!(!plan.contains("Seq Scan"), "{condition}:\n{plan}");
+        if condition.contains("created_at") {
+            // In order from the time index: no sort of the whole window.
+            let by_time = plan.contains("outbox_browse_time") || plan.contains("_btim");
+            let sorts = plan
+                .lines()
+                .any(|l| l.trim_start().trim_start_matches("->").trim_start().starts_with("Sort  ("));
+            assert!(by_time && !sorts, "{condition}:\n{plan}");
+        }
     }
 }
 

@@ -1,16 +1,14 @@
 //! Browsing an outbox, for operators and the console: events a page at a time by state and
 //! filter, one event in full, its payload on request, failed events grouped by cause.
 //!
-//! Pages are keyset pages on the id, newest first: a page starts below the last id of the
-//! one before ([`EventPage::next`]), so page 1,000 costs what page 1 does, and an event
-//! appended meanwhile never shifts a page. Each filter is served by an index: the event id
-//! by its unique index, the states by their partial indexes, the aggregate (the Kafka key)
-//! and the event type by the browse indexes ([`Ops::create_browse_indexes`]). A filter
-//! whose index is missing is refused ([`Error::Config`] naming it) rather than scanning a
-//! table of millions of rows on every request.
-
-use std::str::FromStr;
-use std::time::SystemTime;
+//! Pages are keyset pages, newest first: by id, or, for a list with a time window, by the
+//! time of append then id. A page starts after the last event of the one before
+//! ([`EventPage::next`]), so page 1,000 costs what page 1 does, and an event appended
+//! meanwhile never shifts a page. Each filter is served by an index: the event id by its
+//! unique index, the states by their partial indexes, the aggregate (the Kafka key), the
+//! event type and the time window by the browse indexes ([`Ops::create_browse_indexes`]).
+//! A filter whose index is missing is refused ([`Error::Config`] naming it) rather than
+//! scanning a table of millions of rows on every request.
 
 use serde::Serialize;
 use sqlx::postgres::PgRow;
@@ -21,221 +19,7 @@ use super::Ops;
 use crate::action::epoch_seconds;
 use crate::error::{Error, Result};
 
-pub use crate::action::MAX_PAGE;
-
-/// The state of an outbox event, as the console and [`EventQuery`] name it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EventState {
-    /// Waiting for its first attempt (or put up again by `retry` or `replay`).
-    Pending,
-    /// Pending, waiting for a retry after a failed attempt.
-    Retrying,
-    /// Quarantined after a permanent error; holds its aggregate's later events back.
-    Failed,
-    /// Acknowledged by Kafka.
-    Published,
-    /// Discarded by an operator: never published.
-    Discarded,
-}
-
-impl EventState {
-    /// Every state, in the order an event moves through them.
-    pub const ALL: [EventState; 5] = [
-        EventState::Pending,
-        EventState::Retrying,
-        EventState::Failed,
-        EventState::Published,
-        EventState::Discarded,
-    ];
-
-    /// Its name: `pending`, `retrying`, `failed`, `published`, `discarded`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventState::Pending => "pending",
-            EventState::Retrying => "retrying",
-            EventState::Failed => "failed",
-            EventState::Published => "published",
-            EventState::Discarded => "discarded",
-        }
-    }
-
-    /// The SQL condition on the outbox's columns, each the predicate of an index.
-    pub(crate) fn condition(self) -> &'static str {
-        match self {
-            EventState::Pending => "status = 'pending' AND next_attempt_at = '-infinity'",
-            EventState::Retrying => "status = 'pending' AND next_attempt_at > '-infinity'",
-            EventState::Failed => "status = 'failed'",
-            EventState::Published => "status = 'published'",
-            EventState::Discarded => "status = 'discarded'",
-        }
-    }
-}
-
-impl std::fmt::Display for EventState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for EventState {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        EventState::ALL.into_iter().find(|state| state.as_str() == s).ok_or_else(|| {
-            Error::Config(format!(
-                "event state {s:?}: not one of pending, retrying, failed, published, discarded"
-            ))
-        })
-    }
-}
-
-/// Which events a page lists: every criterion given must hold. Build it with the setters:
-/// `EventQuery::default().state(EventState::Failed).event_type("order.placed")`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct EventQuery {
-    /// Only events in this state.
-    pub state: Option<EventState>,
-    /// Only this event.
-    pub event_id: Option<Uuid>,
-    /// Only events of this aggregate id: the Kafka key the relay writes.
-    pub aggregate_id: Option<String>,
-    /// Only events of this aggregate type (with `aggregate_id`).
-    pub aggregate_type: Option<String>,
-    /// Only events of this type.
-    pub event_type: Option<String>,
-    /// Only events for this topic.
-    pub topic: Option<String>,
-    /// Appended at or after this time.
-    pub since: Option<SystemTime>,
-    /// Appended before this time.
-    pub until: Option<SystemTime>,
-    /// The page after the one that ended here: events with a lower id.
-    pub before: Option<i64>,
-    /// Events per page, 1 to [`MAX_PAGE`].
-    pub limit: u32,
-}
-
-impl Default for EventQuery {
-    fn default() -> Self {
-        EventQuery {
-            state: None,
-            event_id: None,
-            aggregate_id: None,
-            aggregate_type: None,
-            event_type: None,
-            topic: None,
-            since: None,
-            until: None,
-            before: None,
-            limit: 50,
-        }
-    }
-}
-
-impl EventQuery {
-    /// Only events in `state`.
-    #[must_use]
-    pub fn state(mut self, state: EventState) -> Self {
-        self.state = Some(state);
-        self
-    }
-
-    /// Only the event `event_id`.
-    #[must_use]
-    pub fn event_id(mut self, event_id: Uuid) -> Self {
-        self.event_id = Some(event_id);
-        self
-    }
-
-    /// Only events of aggregate id `id` (the Kafka key).
-    #[must_use]
-    pub fn aggregate_id(mut self, id: impl Into<String>) -> Self {
-        self.aggregate_id = Some(id.into());
-        self
-    }
-
-    /// Only events of aggregate type `aggregate_type`.
-    #[must_use]
-    pub fn aggregate_type(mut self, aggregate_type: impl Into<String>) -> Self {
-        self.aggregate_type = Some(aggregate_type.into());
-        self
-    }
-
-    /// Only events of type `event_type`.
-    #[must_use]
-    pub fn event_type(mut self, event_type: impl Into<String>) -> Self {
-        self.event_type = Some(event_type.into());
-        self
-    }
-
-    /// Only events for `topic`.
-    #[must_use]
-    pub fn topic(mut self, topic: impl Into<String>) -> Self {
-        self.topic = Some(topic.into());
-        self
-    }
-
-    /// Appended at or after `time`.
-    #[must_use]
-    pub fn since(mut self, time: impl Into<Option<SystemTime>>) -> Self {
-        self.since = time.into();
-        self
-    }
-
-    /// Appended before `time`.
-    #[must_use]
-    pub fn until(mut self, time: impl Into<Option<SystemTime>>) -> Self {
-        self.until = time.into();
-        self
-    }
-
-    /// The page after the one whose last event had id `id` ([`EventPage::next`]).
-    #[must_use]
-    pub fn before(mut self, id: impl Into<Option<i64>>) -> Self {
-        self.before = id.into();
-        self
-    }
-
-    /// Events per page.
-    #[must_use]
-    pub fn limit(mut self, limit: u32) -> Self {
-        self.limit = limit;
-        self
-    }
-
-    fn validate(&self) -> Result<()> {
-        let empty = |what: &str| Err(Error::Config(format!("the event query: {what} is empty")));
-        for (what, value) in [
-            ("the aggregate id", &self.aggregate_id),
-            ("the aggregate type", &self.aggregate_type),
-            ("the event type", &self.event_type),
-            ("the topic", &self.topic),
-        ] {
-            if value.as_deref().is_some_and(str::is_empty) {
-                return empty(what);
-            }
-        }
-        if self.aggregate_type.is_some() && self.aggregate_id.is_none() {
-            return Err(Error::Config(
-                "the event query: an aggregate type without an aggregate id".to_owned(),
-            ));
-        }
-        if !(1..=MAX_PAGE).contains(&self.limit) {
-            return Err(Error::Config(format!(
-                "the event query: limit {} is not between 1 and {MAX_PAGE}",
-                self.limit
-            )));
-        }
-        if let (Some(since), Some(until)) = (self.since, self.until) {
-            if until <= since {
-                return Err(Error::Config("the event query: until is not after since".to_owned()));
-            }
-        }
-        Ok(())
-    }
-}
+pub use super::query::{EventQuery, EventState, MAX_PAGE};
 
 /// An event as a list shows it (never its payload).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -275,7 +59,9 @@ pub struct EventSummary {
     pub kafka_offset: Option<i64>,
 }
 
-/// A page of events, newest first.
+/// A page of events, newest first: by id, or, when the query has a time window
+/// ([`EventQuery::since`], [`EventQuery::until`]), by the time of append then id (a
+/// transaction that began earlier can commit an event with a later id).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct EventPage {
@@ -341,8 +127,10 @@ enum Bind {
 }
 
 impl Ops {
-    /// A page of events matching `query`, newest first. Refuses a query whose filter needs
-    /// a browse index that is missing ([`Ops::create_browse_indexes`]).
+    /// A page of events matching `query`, newest first ([`EventPage`]). Refuses a query
+    /// whose filter needs a browse index that is missing ([`Ops::create_browse_indexes`]),
+    /// and a time-window page whose cursor's event is gone (deleted by cleanup since the
+    /// page before: its time is what the page would start after), naming it.
     pub async fn events(&self, pool: &PgPool, query: &EventQuery) -> Result<EventPage> {
         query.validate()?;
         if query.event_id.is_none() {
@@ -360,6 +148,9 @@ impl Ops {
             }
             if query.aggregate_id.is_none() && query.event_type.is_some() && needs(TYPE) {
                 return refuse("event type", TYPE);
+            }
+            if query.by_time() && needs(TIME) {
+                return refuse("time", TIME);
             }
             match query.state {
                 Some(EventState::Retrying) if needs(RETRYING) => return refuse("state retrying", RETRYING),
@@ -408,14 +199,22 @@ impl Ops {
         if let Some(t) = query.until {
             add("o.created_at < to_timestamp(?)", Bind::Seconds(epoch_seconds(t)), &mut binds);
         }
+        let t = &self.names().outbox;
         if let Some(id) = query.before {
-            add("o.id < ?", Bind::Id(id), &mut binds);
+            if query.by_time() {
+                // After the cursor's event in (time, id): its time is read by its id, once,
+                // as a parameter of the index scan (both `?` are the one bind).
+                let at = format!("(SELECT c.created_at FROM {t} c WHERE c.id = ?)");
+                add(&format!("(o.created_at, o.id) < ({at}, ?)"), Bind::Id(id), &mut binds);
+            } else {
+                add("o.id < ?", Bind::Id(id), &mut binds);
+            }
         }
         let filter = if conditions.is_empty() { "true".to_owned() } else { conditions.join(" AND ") };
+        let order = if query.by_time() { "o.created_at DESC, o.id DESC" } else { "o.id DESC" };
         // One more than the page: whether there is a next one.
         let sql = format!(
-            "SELECT {SUMMARY_COLUMNS} FROM {t} o WHERE {filter} ORDER BY o.id DESC LIMIT {limit}",
-            t = self.names().outbox,
+            "SELECT {SUMMARY_COLUMNS} FROM {t} o WHERE {filter} ORDER BY {order} LIMIT {limit}",
             limit = query.limit + 1
         );
         let mut q = sqlx::query_as::<_, EventSummary>(AssertSqlSafe(sql));
@@ -428,6 +227,19 @@ impl Ops {
             };
         }
         let mut events = q.fetch_all(pool).await?;
+        if let (true, true, Some(id)) = (events.is_empty(), query.by_time(), query.before) {
+            let there: bool =
+                sqlx::query_scalar(AssertSqlSafe(format!("SELECT EXISTS (SELECT FROM {t} WHERE id = $1)")))
+                    .bind(id)
+                    .fetch_one(pool)
+                    .await?;
+            if !there {
+                return Err(Error::Config(format!(
+                    "the page cursor {id}: that event is gone (cleaned up since the page before), and a list \
+                     by time goes on from its time: start again from the first page"
+                )));
+            }
+        }
         let next = if events.len() > query.limit as usize {
             events.truncate(query.limit as usize);
             events.last().map(|e| e.id)
@@ -442,14 +254,14 @@ impl Ops {
         crate::browse_index::missing(pool, &self.indexed(), &BROWSE_INDEXES).await
     }
 
-    /// Creates the indexes that browsing by aggregate, event type and the retrying and
-    /// discarded states needs, without blocking appends (`CREATE INDEX CONCURRENTLY`, on
+    /// Creates the indexes that browsing by aggregate, event type, time window and the
+    /// retrying and discarded states needs, without blocking appends (`CREATE INDEX CONCURRENTLY`, on
     /// each partition of a partitioned outbox, then attached). Idempotent: an index already
     /// there is kept, an invalid one (an earlier build interrupted) built again. Returns
     /// the names of the indexes it built.
     ///
-    /// Not part of the migrations: two of them (aggregate and event type) take an entry
-    /// for every append, a cost an outbox nobody browses need not pay.
+    /// Not part of the migrations: three of them (aggregate, event type and time) take an
+    /// entry for every append, a cost an outbox nobody browses need not pay.
     pub async fn create_browse_indexes(&self, pool: &PgPool) -> Result<Vec<String>> {
         crate::browse_index::create(pool, &self.indexed(), &BROWSE_INDEXES)
             .await
@@ -463,17 +275,19 @@ impl Ops {
 }
 
 /// Index suffixes (`<table>_<suffix>`, at most 63 bytes with a 48-byte table name): by
-/// aggregate, by type, retrying by id, discarded by id.
+/// aggregate, by type, retrying by id, discarded by id, by time.
 pub(crate) const AGGREGATE: &str = "browse_agg";
 pub(crate) const TYPE: &str = "browse_type";
+pub(crate) const TIME: &str = "browse_time";
 pub(crate) const RETRYING: &str = "browse_retry";
 pub(crate) const DISCARDED: &str = "browse_disc";
 
 /// The browse indexes: name suffix, a partition's index suffix (`<table>_p<6 digits>_<it>`
 /// fits in 63 bytes), columns and predicate.
-pub(crate) const BROWSE_INDEXES: [crate::browse_index::IndexSpec; 4] = [
+pub(crate) const BROWSE_INDEXES: [crate::browse_index::IndexSpec; 5] = [
     (AGGREGATE, "bagg", "(aggregate_id, id)"),
     (TYPE, "btyp", "(event_type, id)"),
     (RETRYING, "bret", "(id) WHERE status = 'pending' AND next_attempt_at > '-infinity'"),
     (DISCARDED, "bdis", "(id) WHERE status = 'discarded'"),
+    (TIME, "btim", "(created_at, id)"),
 ];

@@ -21,6 +21,7 @@ mod gauges;
 mod overview;
 mod partition;
 mod purge;
+mod query;
 mod reconcile;
 mod replay;
 

@@ -20,6 +20,7 @@ mod inbox_lists;
 mod overview;
 mod parity;
 mod safety;
+mod time_lists;
 
 use common::{billing_inbox, park, seed, Parked};
 

@@ -1,0 +1,153 @@
+//! A list by time window reads what its page holds, however deep the window lies in the
+//! table and however deep the page lies in the window: measured in the rows the database
+//! says it read (its statistics), not in time. A page whose cursor's event was cleaned up
+//! meanwhile is refused by name, never shown as the end of the list.
+
+use std::time::{Duration, SystemTime};
+
+use outbox_runtime::ops::EventQuery;
+use outbox_runtime::{Error, Outbox};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+
+mod common;
+
+use common::append_pings;
+
+/// Events in the table, one a second from [`BASE`].
+const ROWS: u64 = 20_000;
+
+/// 2026-01-01T00:00:00Z.
+const BASE: u64 = 1_767_225_600;
+
+/// Rows a page of 50 may read: its 50, the one that says there is a next page, the cursor's
+/// event, and room for rows of the table outside the window at its edges.
+const PAGE_READS: i64 = 120;
+
+fn at(seconds: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(BASE + seconds)
+}
+
+/// `ROWS` events, the `n`th appended `n` seconds after `BASE`, with the browse indexes.
+async fn table(pool: &PgPool) {
+    append_pings(pool, &["before".to_owned()]).await;
+    sqlx::query("DELETE FROM outbox").execute(pool).await.expect("empty");
+    sqlx::query(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, schema_version, topic, payload, \
+                             created_at, status) \
+         SELECT gen_random_uuid(), 'test', 'agg-' || (g % 500), 'test.cli', 1, 'test', '{}', to_timestamp($1 + g), \
+                CASE WHEN g % 7 = 0 THEN 'pending' ELSE 'published' END \
+         FROM generate_series(1, $2) g",
+    )
+    .bind(i64::try_from(BASE).expect("base"))
+    .bind(i64::try_from(ROWS).expect("rows"))
+    .execute(pool)
+    .await
+    .expect("rows");
+    Outbox::default_ref().ops().create_browse_indexes(pool).await.expect("indexes");
+    sqlx::query("VACUUM ANALYZE outbox").execute(pool).await.expect("analyze");
+}
+
+/// Rows of the outbox (all its partitions) read so far: fetched through an index, or by a
+/// sequential scan.
+async fn rows_read(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT coalesce(sum(coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0)), 0)::bigint \
+         FROM pg_stat_user_tables WHERE relid IN (SELECT relid FROM pg_partition_tree('outbox'))",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("statistics")
+}
+
+/// `query`'s page, and the rows of the outbox it read: run on `one`, a pool of one
+/// connection, whose statistics are flushed as it goes idle and awaited (bounded).
+async fn page_and_reads(pool: &PgPool, one: &PgPool, query: &EventQuery) -> (Vec<i64>, Option<i64>, i64) {
+    let before = rows_read(pool).await;
+    let page = Outbox::default_ref().ops().events(one, query).await.expect("page");
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(one).await.expect("flush");
+    for _ in 0..200 {
+        let after = rows_read(pool).await;
+        if after != before {
+            return (page.events.iter().map(|e| e.id).collect(), page.next, after - before);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the statistics never showed the page's reads ({query:?})");
+}
+
+/// The row id of the event appended `seconds` after `BASE`.
+async fn id_at(pool: &PgPool, seconds: u64) -> i64 {
+    sqlx::query_scalar("SELECT id FROM outbox WHERE created_at = to_timestamp($1)")
+        .bind(i64::try_from(BASE + seconds).expect("time"))
+        .fetch_one(pool)
+        .await
+        .expect("id")
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_time_window_reads_what_its_page_holds_at_any_depth(pool: PgPool) {
+    table(&pool).await;
+    let one = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .expect("one connection");
+    let deep = id_at(&pool, ROWS - 10_000).await;
+    let cases = [
+        ("the newest 100 seconds", EventQuery::default().since(at(ROWS - 99)).until(at(ROWS + 1)), ROWS),
+        ("the oldest 100 seconds", EventQuery::default().since(at(1)).until(at(101)), 100),
+        ("all of it, 10,000 rows down", EventQuery::default().since(at(0)).before(deep), ROWS - 10_001),
+        ("until 100, from its top", EventQuery::default().until(at(101)), 100),
+        (
+            "published, the oldest 100 seconds",
+            EventQuery::default()
+                .since(at(1))
+                .until(at(101))
+                .state(outbox_runtime::ops::EventState::Published),
+            100,
+        ),
+    ];
+    for (what, query, first) in cases {
+        let (ids, next, reads) = page_and_reads(&pool, &one, &query).await;
+        eprintln!("{what}: {} events, {reads} rows read", ids.len());
+        assert_eq!(ids.len(), 50, "{what}: a full page");
+        assert_eq!(ids[0], id_at(&pool, first).await, "{what}: newest first");
+        assert!(next.is_some(), "{what}: a next page");
+        assert!(reads <= PAGE_READS, "{what}: read {reads} rows of the outbox for a page of 50");
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_page_after_an_event_cleaned_up_meanwhile_is_refused_by_name(pool: PgPool) {
+    table(&pool).await;
+    let ops = Outbox::default_ref().ops();
+    let window = EventQuery::default().since(at(1)).until(at(1001)).limit(10);
+    let page = ops.events(&pool, &window).await.expect("first page");
+    let cursor = page.next.expect("a next page");
+    let second = ops.events(&pool, &window.clone().before(cursor)).await.expect("second page");
+    assert_eq!(second.events.len(), 10);
+    sqlx::query("DELETE FROM outbox WHERE id = $1").bind(cursor).execute(&pool).await.expect("cleaned up");
+    match ops.events(&pool, &window.clone().before(cursor)).await {
+        Err(Error::Config(message)) => {
+            assert!(message.contains(&format!("cursor {cursor}")) && message.contains("gone"), "{message}");
+        }
+        other => panic!("a page after a deleted event: {other:?}"),
+    }
+    // A list by id goes on past it: ids still order.
+    let by_id = ops.events(&pool, &EventQuery::default().limit(10).before(cursor)).await.expect("by id");
+    assert_eq!(by_id.events.len(), 10);
+    assert!(by_id.events.iter().all(|e| e.id < cursor));
+    // The end of a window is an empty page only where it ends: the last page's cursor.
+    let mut q = window.clone();
+    let mut pages = 0;
+    loop {
+        let page = ops.events(&pool, &q).await.expect("page");
+        pages += 1;
+        match page.next {
+            Some(next) => q = q.before(next),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 100, "999 events in pages of 10");
+}
