@@ -133,7 +133,7 @@ async fn pages_list_every_matching_event_once_newest_first(pool: PgPool) {
     let mut rng = fastrand::Rng::with_seed(seed);
     random_events(&pool, 300, &mut rng).await;
     let ops = Outbox::default_ref().ops();
-    assert_eq!(ops.create_browse_indexes(&pool).await.expect("indexes").len(), 5);
+    assert_eq!(ops.create_browse_indexes(&pool).await.expect("indexes").len(), 6);
     let rows = truth(&pool).await;
     let mut compared = 0;
     let mut reordered = 0;
@@ -195,7 +195,8 @@ async fn a_filter_whose_index_is_missing_is_refused_by_name(pool: PgPool) {
             "outbox_browse_type",
             "outbox_browse_retry",
             "outbox_browse_disc",
-            "outbox_browse_time"
+            "outbox_browse_time",
+            "outbox_browse_pub"
         ]
     );
     for (q, index) in [
@@ -216,6 +217,10 @@ async fn a_filter_whose_index_is_missing_is_refused_by_name(pool: PgPool) {
     assert_eq!(page.events.iter().map(|e| e.event_id).collect::<Vec<_>>(), [ids[1]]);
     let page = ops.events(&pool, &EventQuery::default().state(EventState::Pending)).await.expect("pending");
     assert_eq!(page.events.len(), 2);
+    // Published events are listed without theirs: it only spares reading unpublished ones.
+    let page =
+        ops.events(&pool, &EventQuery::default().state(EventState::Published)).await.expect("published");
+    assert!(page.events.is_empty());
     for bad in
         [EventQuery::default().limit(0), EventQuery::default().limit(501), EventQuery::default().topic("")]
     {
@@ -236,7 +241,7 @@ async fn plan(pool: &PgPool, sql: &str) -> String {
 
 async fn indexes_serve_every_list(pool: &PgPool) {
     let ops = Outbox::default_ref().ops();
-    assert_eq!(ops.create_browse_indexes(pool).await.expect("indexes").len(), 5, "built");
+    assert_eq!(ops.create_browse_indexes(pool).await.expect("indexes").len(), 6, "built");
     assert!(ops.create_browse_indexes(pool).await.expect("again").is_empty(), "a second run builds nothing");
     assert!(ops.missing_browse_indexes(pool).await.expect("missing").is_empty());
     sqlx::query("ANALYZE outbox").execute(pool).await.expect("analyze");
@@ -246,6 +251,7 @@ async fn indexes_serve_every_list(pool: &PgPool) {
         "o.event_type = 'test.cli' ORDER BY o.id DESC LIMIT 51",
         "o.status = 'pending' AND o.next_attempt_at > '-infinity' ORDER BY o.id DESC LIMIT 51",
         "o.status = 'discarded' ORDER BY o.id DESC LIMIT 51",
+        "o.status = 'published' ORDER BY o.id DESC LIMIT 51",
         "o.status = 'failed' ORDER BY o.id DESC LIMIT 51",
         "o.status = 'pending' AND o.next_attempt_at = '-infinity' ORDER BY o.id DESC LIMIT 51",
         "o.event_id = '00000000-0000-0000-0000-000000000000'",
@@ -255,6 +261,10 @@ async fn indexes_serve_every_list(pool: &PgPool) {
     ] {
         let plan = plan(pool, &format!("{summary} {condition}")).await;
         assert!(!plan.contains("Seq Scan"), "{condition}:\n{plan}");
+        if condition.starts_with("o.status = 'published'") {
+            let published = plan.contains("outbox_browse_pub") || plan.contains("_bpub");
+            assert!(published, "{condition}:\n{plan}");
+        }
         if condition.contains("created_at") {
             // In order from the time index: no sort of the whole window.
             let by_time = plan.contains("outbox_browse_time") || plan.contains("_btim");

@@ -1,7 +1,9 @@
 //! A list by time window reads what its page holds, however deep the window lies in the
-//! table and however deep the page lies in the window: measured in the rows the database
-//! says it read (its statistics), not in time. A page whose cursor's event was cleaned up
-//! meanwhile is refused by name, never shown as the end of the list.
+//! table and however deep the page lies in the window; the published list and the
+//! overview read what they show, however many unpublished events a broker outage leaves
+//! above them: measured in the rows the database says it read (its statistics), not in
+//! time. A page whose cursor's event was cleaned up meanwhile is refused by name, never
+//! shown as the end of the list.
 
 use std::time::{Duration, SystemTime};
 
@@ -12,7 +14,7 @@ use sqlx::PgPool;
 
 mod common;
 
-use common::append_pings;
+use common::{append_pings, existing_install};
 
 /// Events in the table, one a second from [`BASE`].
 const ROWS: u64 = 20_000;
@@ -48,12 +50,14 @@ async fn table(pool: &PgPool) {
     sqlx::query("VACUUM ANALYZE outbox").execute(pool).await.expect("analyze");
 }
 
-/// Rows of the outbox (all its partitions) read so far: fetched through an index, or by a
+/// Rows of the outbox (all its partitions, or the table in one piece, of which
+/// `pg_partition_tree` says nothing) read so far: fetched through an index, or by a
 /// sequential scan.
 async fn rows_read(pool: &PgPool) -> i64 {
     sqlx::query_scalar(
         "SELECT coalesce(sum(coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0)), 0)::bigint \
-         FROM pg_stat_user_tables WHERE relid IN (SELECT relid FROM pg_partition_tree('outbox'))",
+         FROM pg_stat_user_tables \
+         WHERE relid IN (SELECT relid FROM pg_partition_tree('outbox') UNION SELECT 'outbox'::regclass)",
     )
     .fetch_one(pool)
     .await
@@ -87,6 +91,19 @@ async fn id_at(pool: &PgPool, seconds: u64) -> i64 {
 
 #[sqlx::test(migrations = false)]
 async fn a_time_window_reads_what_its_page_holds_at_any_depth(pool: PgPool) {
+    pages_read_what_they_hold(&pool).await;
+    assert!(Outbox::default_ref().ops().is_partitioned(&pool).await.expect("layout"));
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_time_window_reads_what_its_page_holds_on_a_plain_outbox(pool: PgPool) {
+    existing_install(&pool).await;
+    pages_read_what_they_hold(&pool).await;
+    assert!(!Outbox::default_ref().ops().is_partitioned(&pool).await.expect("layout"));
+}
+
+async fn pages_read_what_they_hold(pool: &PgPool) {
+    let pool = pool.clone();
     table(&pool).await;
     let one = PgPoolOptions::new()
         .max_connections(1)
@@ -150,4 +167,43 @@ async fn a_page_after_an_event_cleaned_up_meanwhile_is_refused_by_name(pool: PgP
         }
     }
     assert_eq!(pages, 100, "999 events in pages of 10");
+}
+
+#[sqlx::test(migrations = false)]
+async fn published_lists_and_the_overview_read_past_no_backlog(pool: PgPool) {
+    table(&pool).await;
+    // A broker outage: the newest 5,000 events wait.
+    sqlx::query("UPDATE outbox SET status = CASE WHEN id > (SELECT max(id) FROM outbox) - 5000 THEN 'pending' ELSE 'published' END")
+        .execute(&pool)
+        .await
+        .expect("outage");
+    sqlx::query("VACUUM ANALYZE outbox").execute(&pool).await.expect("analyze");
+    let one = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .expect("one connection");
+    let published = EventQuery::default().state(outbox_runtime::ops::EventState::Published);
+    let (ids, next, reads) = page_and_reads(&pool, &one, &published).await;
+    eprintln!("published, 5,000 pending above: {} events, {reads} rows read", ids.len());
+    assert_eq!((ids.len(), ids[0]), (50, id_at(&pool, ROWS - 5000).await));
+    assert!(next.is_some());
+    assert!(reads <= PAGE_READS, "read {reads} rows of the outbox for a page of 50 published events");
+    // The overview counts each state up to its cap: 101 rows each, at most, for pending and
+    // published; none for the states no event is in.
+    let before = rows_read(&pool).await;
+    let overview = Outbox::default_ref().ops().overview(&one, 100).await.expect("overview");
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&one).await.expect("flush");
+    let mut reads = 0;
+    for _ in 0..200 {
+        reads = rows_read(&pool).await - before;
+        if reads > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("overview, 5,000 pending above: {reads} rows read");
+    let published = overview.states.iter().find(|c| c.state == outbox_runtime::ops::EventState::Published);
+    assert_eq!(published.map(|c| (c.events.count, c.events.at_least)), Some((100, true)));
+    assert!((1..=2 * 101 + 20).contains(&reads), "the overview read {reads} rows of the outbox");
 }

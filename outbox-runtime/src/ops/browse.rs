@@ -255,13 +255,16 @@ impl Ops {
     }
 
     /// Creates the indexes that browsing by aggregate, event type, time window and the
-    /// retrying and discarded states needs, without blocking appends (`CREATE INDEX CONCURRENTLY`, on
-    /// each partition of a partitioned outbox, then attached). Idempotent: an index already
-    /// there is kept, an invalid one (an earlier build interrupted) built again. Returns
-    /// the names of the indexes it built.
+    /// retrying and discarded states needs, and the one that keeps the published list (and
+    /// the overview's count of it) from reading the unpublished events newer than its page,
+    /// without blocking appends (`CREATE INDEX CONCURRENTLY`, on each partition of a
+    /// partitioned outbox, then attached). Idempotent: an index already there is kept, an
+    /// invalid one (an earlier build interrupted) built again. Returns the names of the
+    /// indexes it built.
     ///
     /// Not part of the migrations: three of them (aggregate, event type and time) take an
-    /// entry for every append, a cost an outbox nobody browses need not pay.
+    /// entry for every append, and the published one for every event published, a cost an
+    /// outbox nobody browses need not pay.
     pub async fn create_browse_indexes(&self, pool: &PgPool) -> Result<Vec<String>> {
         crate::browse_index::create(pool, &self.indexed(), &BROWSE_INDEXES)
             .await
@@ -275,19 +278,25 @@ impl Ops {
 }
 
 /// Index suffixes (`<table>_<suffix>`, at most 63 bytes with a 48-byte table name): by
-/// aggregate, by type, retrying by id, discarded by id, by time.
+/// aggregate, by type, retrying by id, discarded by id, by time, published by id.
 pub(crate) const AGGREGATE: &str = "browse_agg";
 pub(crate) const TYPE: &str = "browse_type";
 pub(crate) const TIME: &str = "browse_time";
+pub(crate) const PUBLISHED: &str = "browse_pub";
 pub(crate) const RETRYING: &str = "browse_retry";
 pub(crate) const DISCARDED: &str = "browse_disc";
 
 /// The browse indexes: name suffix, a partition's index suffix (`<table>_p<6 digits>_<it>`
 /// fits in 63 bytes), columns and predicate.
-pub(crate) const BROWSE_INDEXES: [crate::browse_index::IndexSpec; 5] = [
+///
+/// The published one is not required: without it a published list (and the overview's
+/// capped count of published events) walks the primary key down past the newest
+/// unpublished events, as many as a broker outage leaves.
+pub(crate) const BROWSE_INDEXES: [crate::browse_index::IndexSpec; 6] = [
     (AGGREGATE, "bagg", "(aggregate_id, id)"),
     (TYPE, "btyp", "(event_type, id)"),
     (RETRYING, "bret", "(id) WHERE status = 'pending' AND next_attempt_at > '-infinity'"),
     (DISCARDED, "bdis", "(id) WHERE status = 'discarded'"),
     (TIME, "btim", "(created_at, id)"),
+    (PUBLISHED, "bpub", "(id) WHERE status = 'published'"),
 ];

@@ -84,17 +84,8 @@ impl Ops {
     ) -> Result<ActionReport> {
         let names = self.names();
         let mut tx = pool.begin().await.map_err(|e| self.not_migrated(e.into()))?;
-        let done = sqlx::query(AssertSqlSafe(format!(
-            "UPDATE {} SET status = 'discarded', last_error = 'discarded: ' || $2 \
-             WHERE event_id = $1 AND status IN ('failed', 'pending')",
-            names.outbox
-        )))
-        .bind(event_id)
-        .bind(reason)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| self.not_migrated(e.into()))?;
-        if done.rows_affected() == 0 {
+        let done = self.discard_one(&mut *tx, event_id, reason).await.map_err(|e| self.not_migrated(e))?;
+        if !done {
             return Ok(ActionReport { action: "discard", ..ActionReport::default() });
         }
         let audit =

@@ -400,16 +400,23 @@ impl Ops {
     /// Discards a failed or pending event: it will never be published, and the events of
     /// its aggregate behind it flow again. Returns whether an event was discarded.
     pub async fn discard(&self, pool: &PgPool, event_id: Uuid, reason: &str) -> Result<bool> {
-        self.discard_unchecked(pool, event_id, reason).await.map_err(|e| self.names().not_migrated(e))
+        self.discard_one(pool, event_id, reason).await.map_err(|e| self.names().not_migrated(e))
     }
 
-    async fn discard_unchecked(&self, pool: &PgPool, event_id: Uuid, reason: &str) -> Result<bool> {
+    /// The discard of one failed or pending event, on `executor` (a pool, or the
+    /// transaction that records it); whether there was one.
+    pub(crate) async fn discard_one<'e>(
+        &self,
+        executor: impl sqlx::PgExecutor<'e>,
+        event_id: Uuid,
+        reason: &str,
+    ) -> Result<bool> {
         let sql = format!(
             "UPDATE {} SET status = 'discarded', last_error = 'discarded: ' || $2 \
              WHERE event_id = $1 AND status IN ('failed', 'pending')",
             self.names().outbox
         );
-        let done = sqlx::query(AssertSqlSafe(sql)).bind(event_id).bind(reason).execute(pool).await?;
+        let done = sqlx::query(AssertSqlSafe(sql)).bind(event_id).bind(reason).execute(executor).await?;
         Ok(done.rows_affected() == 1)
     }
 }

@@ -236,7 +236,7 @@ const RATIOS: &[(&str, &str, f64, bool)] = &[
     ),
     (
         "console_page1000_vs_page1",
-        "console p95 server time, 1,000th page / first page (worst of three lists)",
+        "console median server time, 1,000th page / first page (worst of four lists)",
         1.5,
         false,
     ),
