@@ -1,9 +1,10 @@
 //! The overview, live: server-sent events carrying the overview's body every few seconds.
 //! The page's script pauses and resumes them, and polls instead when the stream fails.
+//! However many consoles are open, the overview is read once per interval and shared.
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use askama::Template;
 use axum::extract::State as StateOf;
@@ -14,6 +15,7 @@ use tracing::warn;
 use super::pages::{read_overview, OverviewData};
 use super::render::Frame;
 use super::State;
+use crate::error::Result;
 
 /// How often the overview is sent.
 pub(crate) const EVERY: Duration = Duration::from_secs(5);
@@ -26,6 +28,26 @@ pub(crate) struct OverviewBody<'a> {
     pub(crate) data: &'a OverviewData,
 }
 
+/// The overview last read for the live streams and the polling fallback, and when.
+#[derive(Default)]
+pub(crate) struct Shared(tokio::sync::Mutex<Option<(Instant, Arc<OverviewData>)>>);
+
+/// The overview for a live stream or a poll: the one read less than half an interval ago,
+/// or a new one. The first stream that needs a new one reads it while the others wait for
+/// it, so that ten open consoles cost the database what one does. A failed read is not
+/// kept.
+pub(crate) async fn shared_overview(state: &State) -> Result<Arc<OverviewData>> {
+    let mut shared = state.live_overview.0.lock().await;
+    if let Some((read_at, data)) = shared.as_ref() {
+        if read_at.elapsed() < EVERY / 2 {
+            return Ok(Arc::clone(data));
+        }
+    }
+    let data = Arc::new(read_overview(state).await?);
+    *shared = Some((Instant::now(), Arc::clone(&data)));
+    Ok(data)
+}
+
 pub(crate) async fn stream(
     StateOf(state): StateOf<Arc<State>>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
@@ -34,7 +56,7 @@ pub(crate) async fn stream(
         if !first {
             tokio::time::sleep(EVERY).await;
         }
-        let event = match read_overview(&state).await {
+        let event = match shared_overview(&state).await {
             Ok(data) => match (OverviewBody { frame: &frame, data: &data }).render() {
                 Ok(html) => Event::default().event("overview").data(html),
                 Err(e) => {

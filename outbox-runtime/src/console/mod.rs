@@ -206,6 +206,8 @@ pub(crate) struct State {
     pub(crate) done: Mutex<VecDeque<(String, Option<Arc<actions::Outcome>>)>>,
     /// The consumers' lag last read.
     pub(crate) lag_cache: lag::LagCache,
+    /// The overview the live streams last sent, and when it was read.
+    pub(crate) live_overview: live::Shared,
 }
 
 impl std::fmt::Debug for State {
@@ -257,6 +259,7 @@ impl Console {
                 hosts,
                 done: Mutex::new(VecDeque::new()),
                 lag_cache: lag::LagCache::default(),
+                live_overview: live::Shared::default(),
                 config,
             }),
         })

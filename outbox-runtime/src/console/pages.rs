@@ -128,14 +128,21 @@ pub(crate) async fn overview(
     Query(params): Query<Params>,
 ) -> Response {
     let json = params.json(&headers);
-    match read_overview(&state).await {
-        Ok(data) if !json && params.fragment.as_deref() == Some("body") => {
-            let frame = Frame::new(&state, "Overview");
-            match (super::live::OverviewBody { frame: &frame, data: &data }).render() {
-                Ok(html) => axum::response::Html(html).into_response(),
-                Err(e) => render::error(&state, false, StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    // The polling fallback of a live page shares the streams' overview; a page load reads
+    // its own.
+    if !json && params.fragment.as_deref() == Some("body") {
+        return match super::live::shared_overview(&state).await {
+            Ok(data) => {
+                let frame = Frame::new(&state, "Overview");
+                match (super::live::OverviewBody { frame: &frame, data: &data }).render() {
+                    Ok(html) => axum::response::Html(html).into_response(),
+                    Err(e) => render::error(&state, false, StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+                }
             }
-        }
+            Err(e) => failure(&state, false, &e),
+        };
+    }
+    match read_overview(&state).await {
         Ok(data) => page(json, data, |data| OverviewHtml { frame: Frame::new(&state, "Overview"), data }),
         Err(e) => failure(&state, json, &e),
     }

@@ -17,6 +17,7 @@ use uuid::Uuid;
 #[path = "../common/mod.rs"]
 mod common;
 mod inbox_lists;
+mod live;
 mod overview;
 mod parity;
 mod safety;

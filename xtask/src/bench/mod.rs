@@ -235,9 +235,15 @@ const RATIOS: &[(&str, &str, f64, bool)] = &[
         false,
     ),
     (
-        "console_page1000_vs_page1",
-        "console median server time, 1,000th page / first page (worst of four lists)",
+        "console_page1000_vs_page2",
+        "console median server time, 1,000th page / second page (worst of four lists)",
         1.5,
+        false,
+    ),
+    (
+        "console_page1000_vs_page1",
+        "the same against the first page (informational: its statement can run on a generic plan, a cursor's is planned each time)",
+        f64::NAN,
         false,
     ),
     (
