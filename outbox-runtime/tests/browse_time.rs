@@ -1,7 +1,7 @@
 //! A list by time window reads what its page holds, however deep the window lies in the
 //! table and however deep the page lies in the window; the published list and the
 //! overview read what they show, however many unpublished events a broker outage leaves
-//! above them: measured in the rows the database says it read (its statistics), not in
+//! above them; failure groups under a cap read the newest failed events only: measured in the rows the database says it read (its statistics), not in
 //! time. A page whose cursor's event was cleaned up meanwhile is refused by name, never
 //! shown as the end of the list.
 
@@ -206,4 +206,60 @@ async fn published_lists_and_the_overview_read_past_no_backlog(pool: PgPool) {
     let published = overview.states.iter().find(|c| c.state == outbox_runtime::ops::EventState::Published);
     assert_eq!(published.map(|c| (c.events.count, c.events.at_least)), Some((100, true)));
     assert!((1..=2 * 101 + 20).contains(&reads), "the overview read {reads} rows of the outbox");
+}
+
+#[sqlx::test(migrations = false)]
+async fn failure_groups_under_a_cap_read_the_newest_failed_only(pool: PgPool) {
+    table(&pool).await;
+    // An incident: 400 older events failed of one cause, the 200 newest of another.
+    sqlx::query(
+        "UPDATE outbox SET status = 'failed', failed_at = created_at, topic = 'orders', \
+                last_error = CASE WHEN id > (SELECT max(id) FROM outbox) - 200 THEN 'Broker: Unknown topic (' || id || ')' \
+                                  ELSE 'Broker: Message size too large (' || id || ' bytes)' END \
+         WHERE id > (SELECT max(id) FROM outbox) - 600",
+    )
+    .execute(&pool)
+    .await
+    .expect("failed");
+    sqlx::query("VACUUM ANALYZE outbox").execute(&pool).await.expect("analyze");
+    let ops = Outbox::default_ref().ops();
+    let shape = |groups: &[outbox_runtime::ops::FailureGroup]| -> Vec<(String, i64, bool)> {
+        groups.iter().map(|g| (g.cause.clone(), g.events, g.at_least)).collect()
+    };
+    let all = ops.failure_groups(&pool).await.expect("groups");
+    assert_eq!(
+        shape(&all),
+        [
+            ("Broker: Message size too large (<n> bytes)".to_owned(), 400, false),
+            ("Broker: Unknown topic (<n>)".to_owned(), 200, false)
+        ]
+    );
+    let one = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .expect("one connection");
+    let before = rows_read(&pool).await;
+    let capped = ops.failure_groups_capped(&one, 300).await.expect("capped");
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&one).await.expect("flush");
+    let mut reads = 0;
+    for _ in 0..200 {
+        reads = rows_read(&pool).await - before;
+        if reads > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("failure groups capped at 300 of 600 failed: {reads} rows read");
+    // The newest 301: all 200 of the new cause, 101 of the old.
+    assert_eq!(
+        shape(&capped),
+        [
+            ("Broker: Unknown topic (<n>)".to_owned(), 200, true),
+            ("Broker: Message size too large (<n> bytes)".to_owned(), 101, true)
+        ]
+    );
+    assert!(reads <= 301 + 10, "read {reads} rows for groups capped at 300");
+    let under = ops.failure_groups_capped(&pool, 600).await.expect("under the cap");
+    assert_eq!(shape(&under), shape(&all), "under its cap, every failed event counts");
 }

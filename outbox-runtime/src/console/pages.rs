@@ -300,7 +300,7 @@ pub(crate) async fn failures(
 ) -> Response {
     let json = params.json(&headers);
     let read = async {
-        let outbox = state.ops.failure_groups(&state.pool).await?;
+        let outbox = state.ops.failure_groups_capped(&state.pool, state.config.count_cap).await?;
         let mut inbox = Vec::new();
         if let Some(any) = state.inbox("") {
             for consumer in any.consumers().await? {

@@ -67,6 +67,10 @@ pub struct FailureGroup {
     pub oldest_event_id: Uuid,
     /// That event's reason, in full.
     pub example_reason: String,
+    /// Counted over the newest failed events only ([`Ops::failure_groups_capped`], more
+    /// failed than its cap): the group holds at least `events`, and its first failure and
+    /// oldest event are those of the events counted.
+    pub at_least: bool,
 }
 
 impl Ops {
@@ -160,27 +164,43 @@ impl Ops {
         }))
     }
 
-    /// Failed events grouped by topic and cause, the largest group first.
+    /// Failed events grouped by topic and cause, the largest group first. Reads every
+    /// failed event; [`Ops::failure_groups_capped`] reads the newest ones only.
     pub async fn failure_groups(&self, pool: &PgPool) -> Result<Vec<FailureGroup>> {
-        self.failure_groups_unchecked(pool).await.map_err(|e| self.names().not_migrated(e))
+        self.failure_groups_unchecked(pool, None).await.map_err(|e| self.names().not_migrated(e))
     }
 
-    async fn failure_groups_unchecked(&self, pool: &PgPool) -> Result<Vec<FailureGroup>> {
+    /// [`Ops::failure_groups`] over the newest `cap` failed events (at least 1): what an
+    /// incident that fails events by the hundred thousand costs to look at is bounded (a
+    /// cause is worked out of each reason). With more failed than that, every group says
+    /// [`FailureGroup::at_least`]; acting on a group still acts on all its events.
+    pub async fn failure_groups_capped(&self, pool: &PgPool, cap: u32) -> Result<Vec<FailureGroup>> {
+        self.failure_groups_unchecked(pool, Some(cap.max(1))).await.map_err(|e| self.names().not_migrated(e))
+    }
+
+    async fn failure_groups_unchecked(&self, pool: &PgPool, cap: Option<u32>) -> Result<Vec<FailureGroup>> {
         let cause = cause_sql("o.last_error");
         let time = "coalesce(o.failed_at, o.created_at)";
+        // One more than the cap: whether there were more.
+        let limit =
+            cap.map_or(String::new(), |cap| format!("ORDER BY f.id DESC LIMIT {}", u64::from(cap) + 1));
         let sql = format!(
-            "SELECT g.topic, g.cause, g.event_types, g.events, {first}, {last}, x.event_id, coalesce(x.last_error, '') \
+            "SELECT g.topic, g.cause, g.event_types, g.events, {first}, {last}, x.event_id, coalesce(x.last_error, ''), \
+                    sum(g.events) OVER ()::bigint \
              FROM (SELECT o.topic, {cause} AS cause, array_agg(DISTINCT o.event_type ORDER BY o.event_type) AS event_types, \
                           count(*) AS events, min({time}) AS first_at, max({time}) AS last_at, min(o.id) AS oldest \
-                   FROM {t} o WHERE o.status = 'failed' GROUP BY 1, 2) g \
+                   FROM (SELECT f.id, f.topic, f.event_type, f.last_error, f.failed_at, f.created_at \
+                         FROM {t} f WHERE f.status = 'failed' {limit}) o \
+                   GROUP BY 1, 2) g \
              JOIN {t} x ON x.id = g.oldest \
              ORDER BY g.events DESC, g.topic, g.cause",
             t = self.names().outbox,
             first = rfc3339("g.first_at"),
             last = rfc3339("g.last_at"),
         );
-        type Row = (String, String, Vec<String>, i64, String, String, Uuid, String);
+        type Row = (String, String, Vec<String>, i64, String, String, Uuid, String, i64);
         let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(sql)).fetch_all(pool).await?;
+        let at_least = |counted: i64| cap.is_some_and(|cap| counted > i64::from(cap));
         Ok(rows
             .into_iter()
             .map(|r| FailureGroup {
@@ -192,6 +212,7 @@ impl Ops {
                 last_failed_at: r.5,
                 oldest_event_id: r.6,
                 example_reason: r.7,
+                at_least: at_least(r.8),
             })
             .collect())
     }
