@@ -182,7 +182,7 @@ impl EventQuery {
         self
     }
 
-    /// The page after the one whose last event had id `id` ([`EventPage::next`]).
+    /// The page after the one whose last event had id `id` ([`EventPage::next`](super::EventPage::next)).
     #[must_use]
     pub fn before(mut self, id: impl Into<Option<i64>>) -> Self {
         self.before = id.into();
