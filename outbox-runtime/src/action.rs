@@ -185,12 +185,13 @@ impl ActionFilter {
     pub(crate) fn condition(first: usize, reason: &str, time: &str) -> String {
         let [types, topic, text, since, until, cause] = [0, 1, 2, 3, 4, 5].map(|i| first + i);
         let cause_of = cause_sql(reason);
+        let (since_at, until_at) = (at_micros(&format!("${since}")), at_micros(&format!("${until}")));
         format!(
             "(${types}::text[] IS NULL OR p.event_type = ANY(${types})) \
              AND (${topic}::text IS NULL OR p.topic = ${topic}) \
              AND (${text}::text IS NULL OR strpos(lower(coalesce({reason}, '')), lower(${text})) > 0) \
-             AND (${since}::float8 IS NULL OR {time} >= to_timestamp(${since})) \
-             AND (${until}::float8 IS NULL OR {time} < to_timestamp(${until})) \
+             AND (${since}::int8 IS NULL OR {time} >= {since_at}) \
+             AND (${until}::int8 IS NULL OR {time} < {until_at}) \
              AND (${cause}::text IS NULL OR {cause_of} = ${cause})"
         )
     }
@@ -201,17 +202,17 @@ impl ActionFilter {
             (!self.event_types.is_empty()).then(|| self.event_types.clone()),
             self.topic.clone(),
             self.reason_contains.clone(),
-            self.since.map(epoch_seconds),
-            self.until.map(epoch_seconds),
+            self.since.map(epoch_micros),
+            self.until.map(epoch_micros),
             self.cause.clone(),
         )
     }
 }
 
 /// [`ActionFilter::condition`]'s parameter values: event types, topic, reason text, since
-/// and until (epoch seconds), cause.
+/// and until ([`epoch_micros`]), cause.
 pub(crate) type Binds =
-    (Option<Vec<String>>, Option<String>, Option<String>, Option<f64>, Option<f64>, Option<String>);
+    (Option<Vec<String>>, Option<String>, Option<String>, Option<i64>, Option<i64>, Option<String>);
 
 /// The cause of a failure, from its reason (an SQL expression of text): the reason with
 /// ids and numbers left out (`<id>`, `<n>`), at most 300 characters, so that failures of
@@ -253,12 +254,24 @@ pub struct ActionReport {
     pub audit_id: Option<i64>,
 }
 
-/// Seconds since the Unix epoch, negative before it.
-pub(crate) fn epoch_seconds(t: SystemTime) -> f64 {
+/// `t` as whole microseconds since the Unix epoch (negative before it), rounded toward the
+/// future, for [`at_micros`]. PostgreSQL keeps microseconds, so for every time `c` it
+/// stores, `c >= t` holds exactly when `c >= up(t)`, and `c < t` exactly when `c < up(t)`:
+/// a bound with nanoseconds filters as it reads. (Seconds as a float through
+/// `to_timestamp` round to the nearest microsecond instead: a `since` 300 ns after an event
+/// took the event.) Saturates past ±292,000 years, which PostgreSQL then refuses as out of
+/// range.
+pub(crate) fn epoch_micros(t: SystemTime) -> i64 {
     match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => d.as_secs_f64(),
-        Err(before) => -before.duration().as_secs_f64(),
+        Ok(after) => i64::try_from(after.as_nanos().div_ceil(1000)).unwrap_or(i64::MAX),
+        Err(before) => i64::try_from(before.duration().as_nanos() / 1000).map_or(i64::MIN, |m| -m),
     }
+}
+
+/// The SQL `timestamptz` that the parameter `param`, an [`epoch_micros`], denotes, exactly:
+/// an integer count of microseconds, no float seconds.
+pub(crate) fn at_micros(param: &str) -> String {
+    format!("(timestamptz 'epoch' + {param}::int8 * interval '1 microsecond')")
 }
 
 /// An action's audit row in `audit` (a quoted `<table>_audit`), written in its first
@@ -285,11 +298,13 @@ impl Audit<'_> {
         let sql = format!(
             "INSERT INTO {} ({consumer}actor, action, reason, matched, filter) \
              VALUES ({value}$1, $2, $3, $4, jsonb_strip_nulls(jsonb_build_object('event_types', $5::text[], 'topic', $6::text, \
-                 'reason_contains', $7::text, 'since', to_timestamp($8::float8), 'until', to_timestamp($9::float8), 'cause', $10::text, \
+                 'reason_contains', $7::text, 'since', {since}, 'until', {until}, 'cause', $10::text, \
                  'ids', to_jsonb({ids})))) \
              RETURNING id",
             self.table,
             ids = filter.ids_array().unwrap_or_else(|| "NULL::text".to_owned()),
+            since = at_micros("$8"),
+            until = at_micros("$9"),
         );
         let (types, topic, text, since, until, cause) = filter.binds();
         let mut query = sqlx::query_scalar(AssertSqlSafe(sql))

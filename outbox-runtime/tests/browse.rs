@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 mod common;
 
-use common::{append_pings, existing_install};
+use common::{append_pings, existing_install, near};
 
 /// A row as the ground truth reads it: (id, event id, aggregate id, type, topic, state,
 /// seconds after [`BASE`] it was appended).
@@ -156,9 +156,9 @@ async fn pages_list_every_matching_event_once_newest_first(pool: PgPool) {
         }
         let (from, to) = (rng.u64(0..=120), rng.u64(1..=121));
         match rng.u8(0..4) {
-            0 => q = q.since(at(from)),
-            1 => q = q.until(at(to)),
-            2 if from < to => q = q.since(at(from)).until(at(to)),
+            0 => q = q.since(near(&mut rng, at(from))),
+            1 => q = q.until(near(&mut rng, at(to))),
+            2 if from < to => q = q.since(near(&mut rng, at(from))).until(near(&mut rng, at(to))),
             _ => {}
         }
         let mut matched: Vec<&Truth> = rows.iter().filter(|r| matches(r, &q)).collect();

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 mod common;
 
-use common::{billing_inbox, park, Parked};
+use common::{billing_inbox, near, park, Parked};
 
 const OUTCOMES: [&str; 3] = ["applied", "stale", "discarded"];
 const TYPES: [&str; 2] = ["order.placed", "order.paid"];
@@ -125,10 +125,12 @@ async fn applied_records_page_newest_first_like_the_table_read_whole(pool: PgPoo
             query = query.outcome(OUTCOMES[rng.usize(0..3)]);
         }
         if rng.u8(0..4) == 0 {
-            query = query.since(at(instants[rng.usize(0..instants.len())]));
+            let instant = at(instants[rng.usize(0..instants.len())]);
+            query = query.since(near(&mut rng, instant));
         }
         if rng.u8(0..4) == 0 {
-            query = query.until(at(instants[rng.usize(0..instants.len())] + 1));
+            let instant = at(instants[rng.usize(0..instants.len())] + 1);
+            query = query.until(near(&mut rng, instant));
         }
         if rng.u8(0..8) == 0 {
             query = query.event_id(rows[rng.usize(0..rows.len())].1);

@@ -16,7 +16,7 @@ use sqlx::{AssertSqlSafe, PgPool, Row as _};
 use uuid::Uuid;
 
 use super::Ops;
-use crate::action::epoch_seconds;
+use crate::action::{at_micros, epoch_micros};
 use crate::error::{Error, Result};
 
 pub use super::query::{EventQuery, EventState, MAX_PAGE};
@@ -122,7 +122,7 @@ impl sqlx::FromRow<'_, PgRow> for EventSummary {
 enum Bind {
     Text(String),
     Uuid(Uuid),
-    Seconds(f64),
+    Micros(i64),
     Id(i64),
 }
 
@@ -194,10 +194,10 @@ impl Ops {
             add("o.topic = ?", Bind::Text(t.clone()), &mut binds);
         }
         if let Some(t) = query.since {
-            add("o.created_at >= to_timestamp(?)", Bind::Seconds(epoch_seconds(t)), &mut binds);
+            add(&format!("o.created_at >= {}", at_micros("?")), Bind::Micros(epoch_micros(t)), &mut binds);
         }
         if let Some(t) = query.until {
-            add("o.created_at < to_timestamp(?)", Bind::Seconds(epoch_seconds(t)), &mut binds);
+            add(&format!("o.created_at < {}", at_micros("?")), Bind::Micros(epoch_micros(t)), &mut binds);
         }
         let t = &self.names().outbox;
         if let Some(id) = query.before {
@@ -222,7 +222,7 @@ impl Ops {
             q = match bind {
                 Bind::Text(v) => q.bind(v),
                 Bind::Uuid(v) => q.bind(v),
-                Bind::Seconds(v) => q.bind(v),
+                Bind::Micros(v) => q.bind(v),
                 Bind::Id(v) => q.bind(v),
             };
         }

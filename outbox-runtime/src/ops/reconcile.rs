@@ -23,8 +23,8 @@ use serde::Serialize;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
-use super::replay::epoch_seconds;
 use super::Ops;
+use crate::action::{at_micros, epoch_micros};
 use crate::error::Result;
 use crate::inbox::InboxNames;
 
@@ -178,18 +178,19 @@ impl Ops {
         inbox: Option<&InboxSide>,
     ) -> Result<Reconciliation> {
         let (t, cleaned) = (&self.names().outbox, &self.names().cleaned);
-        let (since, until) = (epoch_seconds(since), epoch_seconds(until));
+        let (since, until) = (epoch_micros(since), epoch_micros(until));
+        let (since_at, until_at) = (at_micros("$1"), at_micros("$2"));
         let present = format!(
             "SELECT event_type, {HOUR}, count(*), count(*) FILTER (WHERE status = 'published'), \
                     count(*) FILTER (WHERE status IN ('pending', 'failed')), count(*) FILTER (WHERE status = 'discarded') \
-             FROM {t} WHERE created_at >= to_timestamp($1) AND created_at < to_timestamp($2) GROUP BY 1, 2"
+             FROM {t} WHERE created_at >= {since_at} AND created_at < {until_at} GROUP BY 1, 2"
         );
         let gone = format!(
             "SELECT event_type, to_char(hour, 'YYYY-MM-DD\"T\"HH24:00:00\"Z\"'), \
                     coalesce(sum(events) FILTER (WHERE status = 'published'), 0)::bigint, \
                     coalesce(sum(events) FILTER (WHERE status = 'discarded'), 0)::bigint \
-             FROM {cleaned} WHERE hour >= date_trunc('hour', to_timestamp($1) AT TIME ZONE 'UTC') \
-               AND hour < to_timestamp($2) AT TIME ZONE 'UTC' GROUP BY 1, 2"
+             FROM {cleaned} WHERE hour >= date_trunc('hour', {since_at} AT TIME ZONE 'UTC') \
+               AND hour < {until_at} AT TIME ZONE 'UTC' GROUP BY 1, 2"
         );
         let mut rows: BTreeMap<(String, String), ReconciliationRow> = BTreeMap::new();
         // One connection throughout: the copy of the published ids is a temporary table of
@@ -308,15 +309,16 @@ impl Ops {
         &self,
         outbox: &mut PgConnection,
         mut inbox_tx: Option<&mut PgConnection>,
-        since: f64,
-        until: f64,
+        since: i64,
+        until: i64,
         inbox: &InboxSide,
         rows: &mut BTreeMap<(String, String), ReconciliationRow>,
     ) -> Result<BTreeMap<(String, String), Vec<Uuid>>> {
+        let (since_at, until_at) = (at_micros("$1"), at_micros("$2"));
         let page = if inbox_tx.is_some() {
             format!(
                 "SELECT id, event_id, event_type, {HOUR} FROM {} \
-                 WHERE status = 'published' AND created_at >= to_timestamp($1) AND created_at < to_timestamp($2) \
+                 WHERE status = 'published' AND created_at >= {since_at} AND created_at < {until_at} \
                    AND id > $3 ORDER BY id LIMIT $4",
                 self.names().outbox
             )
@@ -382,7 +384,8 @@ impl Ops {
 /// In `tx`, copies the published events of `[since, until)` of `outbox` into the session's
 /// [`COPY`], keyed by id. `false`, with `tx` as it was, where a temporary table cannot be
 /// made (a hot standby, no `TEMPORARY` privilege): any other error is an error.
-async fn copy_published(tx: &mut PgConnection, outbox: &str, since: f64, until: f64) -> Result<bool> {
+async fn copy_published(tx: &mut PgConnection, outbox: &str, since: i64, until: i64) -> Result<bool> {
+    let (since_at, until_at) = (at_micros("$1"), at_micros("$2"));
     sqlx::query("SAVEPOINT reconcile_copy").execute(&mut *tx).await?;
     let copy = async {
         sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS {COPY}"))).execute(&mut *tx).await?;
@@ -395,7 +398,7 @@ async fn copy_published(tx: &mut PgConnection, outbox: &str, since: f64, until: 
         .await?;
         sqlx::query(AssertSqlSafe(format!(
             "INSERT INTO {COPY} SELECT id, event_id, event_type, {HOUR} FROM {outbox} \
-             WHERE status = 'published' AND created_at >= to_timestamp($1) AND created_at < to_timestamp($2)"
+             WHERE status = 'published' AND created_at >= {since_at} AND created_at < {until_at}"
         )))
         .bind(since)
         .bind(until)

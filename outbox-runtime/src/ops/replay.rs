@@ -1,12 +1,12 @@
 //! Replay: publish again what was published, with the original event ids.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, PgPool};
 
 use super::Ops;
-use crate::action::Audit;
+use crate::action::{at_micros, epoch_micros, Audit};
 use crate::error::Result;
 
 /// Rows replayed per transaction.
@@ -53,21 +53,15 @@ pub struct ReplayReport {
     pub audit_id: Option<i64>,
 }
 
-pub(crate) fn epoch_seconds(t: SystemTime) -> f64 {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => d.as_secs_f64(),
-        Err(before) => -before.duration().as_secs_f64(),
-    }
-}
-
-/// `$1` event type, `$2` aggregate id, `$3` since, `$4` until (epoch seconds), `$5` event
-/// id, all optional.
+/// `$1` event type, `$2` aggregate id, `$3` since, `$4` until (`epoch_micros`, exact: see
+/// `at_micros`), `$5` event id, all optional.
 const FILTER: &str = "($1::text IS NULL OR event_type = $1) AND ($2::text IS NULL OR aggregate_id = $2) \
-     AND ($3::float8 IS NULL OR created_at >= to_timestamp($3)) AND ($4::float8 IS NULL OR created_at < to_timestamp($4)) \
+     AND ($3::int8 IS NULL OR created_at >= timestamptz 'epoch' + $3 * interval '1 microsecond') \
+     AND ($4::int8 IS NULL OR created_at < timestamptz 'epoch' + $4 * interval '1 microsecond') \
      AND ($5::uuid IS NULL OR event_id = $5)";
 
 fn on_the_hour(t: Option<SystemTime>) -> bool {
-    t.is_none_or(|t| epoch_seconds(t).rem_euclid(3600.0) == 0.0)
+    t.is_none_or(|t| epoch_micros(t).rem_euclid(3_600_000_000) == 0)
 }
 
 impl Ops {
@@ -104,16 +98,18 @@ impl Ops {
         dry_run: bool,
     ) -> Result<ReplayReport> {
         let (t, cleaned) = (&self.names().outbox, &self.names().cleaned);
-        let since = filter.since.map(epoch_seconds);
-        let until = filter.until.map(epoch_seconds);
+        let since = filter.since.map(epoch_micros);
+        let until = filter.until.map(epoch_micros);
         let counts = format!(
             "SELECT count(*), count(*) FILTER (WHERE status = 'published'), \
                     count(*) FILTER (WHERE status IN ('pending', 'failed')), count(*) FILTER (WHERE status = 'discarded'), \
                     (SELECT coalesce(sum(events), 0)::bigint FROM {cleaned} WHERE status = 'published' \
                        AND ($1::text IS NULL OR event_type = $1) \
-                       AND ($3::float8 IS NULL OR hour >= date_trunc('hour', to_timestamp($3) AT TIME ZONE 'UTC')) \
-                       AND ($4::float8 IS NULL OR hour < to_timestamp($4) AT TIME ZONE 'UTC')) \
-             FROM {t} WHERE {FILTER}"
+                       AND ($3::int8 IS NULL OR hour >= date_trunc('hour', {since} AT TIME ZONE 'UTC')) \
+                       AND ($4::int8 IS NULL OR hour < {until} AT TIME ZONE 'UTC')) \
+             FROM {t} WHERE {FILTER}",
+            since = at_micros("$3"),
+            until = at_micros("$4"),
         );
         let (matched, replayable, not_yet, discarded, cleaned_up): (i64, i64, i64, i64, i64) =
             sqlx::query_as(AssertSqlSafe(counts))
@@ -145,19 +141,20 @@ impl Ops {
         // Pages follow an id cursor, so a row the relay has just republished (published
         // again, after the start) is never picked up a second time, and the loop ends even
         // while a relay runs.
-        let (started, last_id): (f64, i64) = sqlx::query_as(AssertSqlSafe(format!(
-            "SELECT EXTRACT(EPOCH FROM now())::float8, coalesce(max(id), 0) FROM {t}"
+        let (started, last_id): (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT (EXTRACT(EPOCH FROM now()) * 1000000)::int8, coalesce(max(id), 0) FROM {t}"
         )))
         .fetch_one(pool)
         .await?;
         let page = format!(
             "WITH page AS ( \
                SELECT id FROM {t} WHERE status = 'published' AND id > $6 AND id <= $7 \
-                 AND published_at <= to_timestamp($8) AND {FILTER} ORDER BY id LIMIT $9), \
+                 AND published_at <= {started_at} AND {FILTER} ORDER BY id LIMIT $9), \
              done AS ( \
                UPDATE {t} SET status = 'pending', next_attempt_at = '-infinity', last_error = NULL \
                WHERE id IN (SELECT id FROM page) AND status = 'published' RETURNING 1) \
-             SELECT (SELECT max(id) FROM page), (SELECT count(*) FROM done)"
+             SELECT (SELECT max(id) FROM page), (SELECT count(*) FROM done)",
+            started_at = at_micros("$8"),
         );
         let mut cursor = 0_i64;
         let mut tx = pool.begin().await?;
@@ -218,10 +215,12 @@ async fn start_audit(
     let sql = format!(
         "INSERT INTO {} (actor, action, matched, filter) \
          VALUES ($1, $2, $3, jsonb_strip_nulls(jsonb_build_object('event_types', CASE WHEN $4::text IS NULL THEN NULL \
-             ELSE ARRAY[$4::text] END, 'aggregate_id', $5::text, 'since', to_timestamp($6::float8), \
-             'until', to_timestamp($7::float8), 'ids', CASE WHEN $8::uuid IS NULL THEN NULL ELSE ARRAY[$8::text] END))) \
+             ELSE ARRAY[$4::text] END, 'aggregate_id', $5::text, 'since', {since}, \
+             'until', {until}, 'ids', CASE WHEN $8::uuid IS NULL THEN NULL ELSE ARRAY[$8::text] END))) \
          RETURNING id",
-        audit.table
+        audit.table,
+        since = at_micros("$6"),
+        until = at_micros("$7"),
     );
     Ok(sqlx::query_scalar(AssertSqlSafe(sql))
         .bind(audit.actor)
@@ -229,8 +228,8 @@ async fn start_audit(
         .bind(i64::try_from(matched).unwrap_or(i64::MAX))
         .bind(&filter.event_type)
         .bind(&filter.aggregate_id)
-        .bind(filter.since.map(epoch_seconds))
-        .bind(filter.until.map(epoch_seconds))
+        .bind(filter.since.map(epoch_micros))
+        .bind(filter.until.map(epoch_micros))
         .bind(filter.event_id)
         .fetch_one(conn)
         .await?)

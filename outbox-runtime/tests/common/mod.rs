@@ -134,3 +134,15 @@ pub(crate) async fn park(pool: &PgPool, rows: &[Parked<'_>]) {
         .expect("park");
     }
 }
+
+/// `t`, or `t` moved up to 999 ns either way at random: a time bound between two
+/// microseconds, which PostgreSQL cannot store, must filter exactly as it reads (`since`
+/// rounded to the nearest microsecond took an event 300 ns older than it).
+pub(crate) fn near(rng: &mut fastrand::Rng, t: std::time::SystemTime) -> std::time::SystemTime {
+    let moved = std::time::Duration::from_nanos(rng.u64(1..1_000));
+    match rng.u8(0..3) {
+        0 => t,
+        1 => t + moved,
+        _ => t - moved,
+    }
+}

@@ -325,26 +325,27 @@ pub(crate) async fn connect(url: &str) -> Result<PgPool, Fail> {
         .map_err(|e| fail(3, format!("cannot connect to {}: {e}", redact_urls(url))))
 }
 
-/// Reads a timestamp the way PostgreSQL does, so every form it accepts works here.
+/// Reads a timestamp the way PostgreSQL does, so every form it accepts works here, exact to
+/// its microsecond (a float of seconds is not: it would move a bound by a fraction of one).
 pub(crate) async fn parse_time(pool: &PgPool, flag: &str, text: &str) -> Result<SystemTime, Fail> {
-    let seconds: f64 = sqlx::query_scalar("SELECT EXTRACT(EPOCH FROM $1::text::timestamptz)::float8")
-        .bind(text)
-        .fetch_one(pool)
-        .await
-        .map_err(|e| match e.as_database_error() {
-            Some(db) => fail(2, format!("invalid {flag} {text:?}: {}", db.message())),
-            None => fail(3, e.to_string()),
-        })?;
+    let (after, micros): (bool, Option<i64>) = sqlx::query_as(
+        "SELECT t > 'epoch', CASE WHEN isfinite(t) THEN (EXTRACT(EPOCH FROM t) * 1000000)::int8 END \
+         FROM (SELECT $1::text::timestamptz AS t) AS given",
+    )
+    .bind(text)
+    .fetch_one(pool)
+    .await
+    .map_err(|e| match e.as_database_error() {
+        Some(db) => fail(2, format!("invalid {flag} {text:?}: {}", db.message())),
+        None => fail(3, e.to_string()),
+    })?;
     // -infinity and infinity stand for "from the beginning" and "until the end".
     let far = Duration::from_secs(100_000_000_000);
-    let time = if seconds == f64::NEG_INFINITY {
-        Some(UNIX_EPOCH)
-    } else if seconds == f64::INFINITY {
-        UNIX_EPOCH.checked_add(far)
-    } else if seconds >= 0.0 {
-        Duration::try_from_secs_f64(seconds).ok().and_then(|d| UNIX_EPOCH.checked_add(d))
-    } else {
-        Duration::try_from_secs_f64(-seconds).ok().and_then(|d| UNIX_EPOCH.checked_sub(d))
+    let time = match micros {
+        Some(m) if m >= 0 => UNIX_EPOCH.checked_add(Duration::from_micros(m.unsigned_abs())),
+        Some(m) => UNIX_EPOCH.checked_sub(Duration::from_micros(m.unsigned_abs())),
+        None if after => UNIX_EPOCH.checked_add(far),
+        None => Some(UNIX_EPOCH),
     };
     time.ok_or_else(|| fail(2, format!("invalid {flag} {text:?}: out of range")))
 }

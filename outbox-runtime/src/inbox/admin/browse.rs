@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use super::InboxAdmin;
 use crate::action::MAX_PAGE;
-use crate::action::{audit_page, epoch_seconds, rfc3339, AuditPage};
+use crate::action::{at_micros, audit_page, epoch_micros, rfc3339, AuditPage};
 use crate::browse_index::{IndexSpec, Indexed};
 use crate::error::{Error, Result};
 
@@ -325,19 +325,16 @@ impl InboxAdmin {
             next("i.event_type = ?");
         }
         if query.since.is_some() {
-            next("i.applied_at >= to_timestamp(?)");
+            next(&format!("i.applied_at >= {}", at_micros("?")));
         }
         if query.until.is_some() {
-            next("i.applied_at < to_timestamp(?)");
+            next(&format!("i.applied_at < {}", at_micros("?")));
         }
         if query.before.is_some() {
             // Exact to the microsecond: an integer count of microseconds, no float seconds.
             n += 2;
-            conditions.push(format!(
-                "(i.applied_at, i.event_id) < (to_timestamp(0) + ${} * interval '1 microsecond', ${})",
-                n - 1,
-                n
-            ));
+            conditions
+                .push(format!("(i.applied_at, i.event_id) < ({}, ${n})", at_micros(&format!("${}", n - 1)),));
         }
         let sql = format!(
             "SELECT i.event_id, i.event_type, i.schema_version, i.aggregate_type, i.aggregate_id, i.aggregate_version, \
@@ -357,7 +354,7 @@ impl InboxAdmin {
             q = q.bind(text);
         }
         for time in [query.since, query.until].into_iter().flatten() {
-            q = q.bind(epoch_seconds(time));
+            q = q.bind(epoch_micros(time));
         }
         if let Some(cursor) = query.before {
             q = q.bind(cursor.applied_at_micros).bind(cursor.event_id);
