@@ -279,3 +279,90 @@ async fn parked_messages_page_group_by_cause_and_a_group_retry_is_audited(pool: 
     let wrong = admin.retry_matching(&ActionFilter::default().event_id(Uuid::nil()), "ops", false).await;
     assert!(matches!(&wrong, Err(outbox_runtime::Error::Config(m)) if m.contains("event ids")), "{wrong:?}");
 }
+
+/// Rows of the parked table the database says it read (its statistics).
+async fn parked_rows_read(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT (coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0))::bigint FROM pg_stat_user_tables \
+         WHERE relid = 'inbox_parked'::regclass",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("statistics")
+}
+
+#[sqlx::test(migrations = false)]
+async fn parked_groups_under_a_cap_read_the_newest_parked_only(pool: PgPool) {
+    billing_inbox(&pool).await;
+    // Connections of their own: what the test writes and reads before measuring goes
+    // through `setup`, closed (a connection reports its statistics as it exits; one left
+    // open can report them seconds later, inside the measurement), the measured call
+    // through `one`.
+    let connect = || async {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with((*pool.connect_options()).clone())
+            .await
+            .expect("one connection")
+    };
+    let (setup, one) = (connect().await, connect().await);
+    // An incident: 1,400 older messages parked of one cause, the 200 newest of another,
+    // and 300 of another consumer in between.
+    sqlx::query(
+        "INSERT INTO inbox_parked (consumer, topic, kafka_partition, kafka_offset, record_key, headers, payload, status, reason) \
+         SELECT CASE WHEN n BETWEEN 1401 AND 1700 THEN 'shipping' ELSE 'billing' END, 'orders', 0, n, 'k', '{}', 'x', 'parked', \
+                CASE WHEN n > 1700 THEN 'handler failed: ledger ' || n || ' closed' ELSE 'no handler for version ' || n END \
+         FROM generate_series(1, 1900) AS n",
+    )
+    .execute(&setup)
+    .await
+    .expect("parked");
+    sqlx::query("VACUUM ANALYZE inbox_parked").execute(&setup).await.expect("analyze");
+    let shape = |groups: &[outbox_runtime::inbox::ParkedGroup]| -> Vec<(String, i64, bool)> {
+        groups.iter().map(|g| (g.cause.clone(), g.messages, g.at_least)).collect()
+    };
+    let admin = |pool: &PgPool| InboxAdmin::new(pool.clone(), "public", "inbox", "billing").expect("admin");
+    let all = admin(&setup).parked_groups().await.expect("groups");
+    assert_eq!(
+        shape(&all),
+        [
+            ("no handler for version <n>".to_owned(), 1400, false),
+            ("handler failed: ledger <n> closed".to_owned(), 200, false)
+        ]
+    );
+    let under = admin(&setup).parked_groups_capped(1600).await.expect("under the cap");
+    assert_eq!(shape(&under), shape(&all), "under its cap, every parked message counts");
+    setup.close().await;
+    let mut before = parked_rows_read(&pool).await;
+    for settled in 0.. {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = parked_rows_read(&pool).await;
+        if now == before && now > 0 {
+            break;
+        }
+        assert!(settled < 50, "the statistics did not settle");
+        before = now;
+    }
+    let capped = admin(&one).parked_groups_capped(300).await.expect("capped");
+    sqlx::query("SELECT pg_stat_force_next_flush()").execute(&one).await.expect("flush");
+    let mut reads = 0;
+    for _ in 0..200 {
+        reads = parked_rows_read(&pool).await - before;
+        if reads > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("parked groups capped at 300 of 1,600 parked (and 300 of another consumer): {reads} rows read");
+    // The newest 301 of billing's: all 200 of the new cause, 101 of the old.
+    assert_eq!(
+        shape(&capped),
+        [
+            ("handler failed: ledger <n> closed".to_owned(), 200, true),
+            ("no handler for version <n>".to_owned(), 101, true)
+        ]
+    );
+    // 301, the other consumer's 300 walked past on the way (by id, as a page of parked
+    // messages walks), and the two groups' oldest read in full; uncapped, 1,602.
+    assert!((301..=301 + 300 + 10).contains(&reads), "read {reads} rows for groups capped at 300");
+}

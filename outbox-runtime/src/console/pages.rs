@@ -305,7 +305,7 @@ pub(crate) async fn failures(
         if let Some(any) = state.inbox("") {
             for consumer in any.consumers().await? {
                 if let Some(admin) = state.inbox(&consumer) {
-                    let groups = admin.parked_groups().await?;
+                    let groups = admin.parked_groups_capped(state.config.count_cap).await?;
                     if !groups.is_empty() {
                         inbox.push(ConsumerGroups { consumer, groups });
                     }

@@ -162,6 +162,10 @@ pub struct ParkedGroup {
     pub oldest_id: i64,
     /// The oldest one's reason, in full.
     pub example_reason: String,
+    /// Counted over the newest parked messages only ([`InboxAdmin::parked_groups_capped`],
+    /// more parked than its cap): the group holds at least `messages`, and its first
+    /// parked and oldest are those of the messages counted.
+    pub at_least: bool,
 }
 
 /// One consumer at a look, from [`InboxAdmin::summary`].
@@ -319,21 +323,39 @@ impl InboxAdmin {
     /// This consumer's parked messages (not those held behind them) grouped by topic and
     /// cause, the largest group first.
     pub async fn parked_groups(&self) -> Result<Vec<ParkedGroup>> {
+        self.parked_groups_under(None).await
+    }
+
+    /// [`InboxAdmin::parked_groups`] over the newest `cap` parked messages (at least 1):
+    /// what a consumer that parks messages by the hundred thousand costs to look at is
+    /// bounded (a cause is worked out of each reason). With more parked than that, every
+    /// group says [`ParkedGroup::at_least`]; acting on a group still acts on all its
+    /// messages.
+    pub async fn parked_groups_capped(&self, cap: u32) -> Result<Vec<ParkedGroup>> {
+        self.parked_groups_under(Some(cap.max(1))).await
+    }
+
+    async fn parked_groups_under(&self, cap: Option<u32>) -> Result<Vec<ParkedGroup>> {
+        // One more than the cap: whether there were more.
+        let limit =
+            cap.map_or(String::new(), |cap| format!("ORDER BY p.id DESC LIMIT {}", u64::from(cap) + 1));
         let sql = format!(
-            "SELECT g.topic, g.cause, g.event_types, g.messages, {first}, {last}, g.oldest, x.reason \
+            "SELECT g.topic, g.cause, g.event_types, g.messages, {first}, {last}, g.oldest, \
+                    (SELECT x.reason FROM {parked} x WHERE x.id = g.oldest), sum(g.messages) OVER ()::bigint \
              FROM (SELECT p.topic, {cause} AS cause, \
                           array_remove(array_agg(DISTINCT p.event_type ORDER BY p.event_type), NULL) AS event_types, \
                           count(*) AS messages, min(p.parked_at) AS first_at, max(p.parked_at) AS last_at, \
                           min(p.id) AS oldest \
-                   FROM {parked} p WHERE p.consumer = $1 AND p.status = 'parked' GROUP BY 1, 2) g \
-             JOIN {parked} x ON x.id = g.oldest \
+                   FROM (SELECT p.id, p.topic, p.event_type, p.reason, p.parked_at FROM {parked} p \
+                         WHERE p.consumer = $1 AND p.status = 'parked' {limit}) p \
+                   GROUP BY 1, 2) g \
              ORDER BY g.messages DESC, g.topic, g.cause",
             first = rfc3339("g.first_at"),
             last = rfc3339("g.last_at"),
             cause = cause_sql("p.reason"),
             parked = self.names.parked,
         );
-        type Row = (String, String, Vec<String>, i64, String, String, i64, String);
+        type Row = (String, String, Vec<String>, i64, String, String, i64, String, i64);
         let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(sql))
             .bind(&self.consumer)
             .fetch_all(&self.pool)
@@ -350,6 +372,7 @@ impl InboxAdmin {
                 last_parked_at: r.5,
                 oldest_id: r.6,
                 example_reason: r.7,
+                at_least: cap.is_some_and(|cap| r.8 > i64::from(cap)),
             })
             .collect())
     }
