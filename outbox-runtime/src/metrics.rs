@@ -43,6 +43,7 @@
 //! | `outbox_cdc_seconds_since_confirmed` | gauge | | since the confirmed position last moved while there was WAL to confirm |
 //! | `outbox_cdc_slot_lost` | gauge | | 1 when the slot's `wal_status` is `lost`: only a backfill recovers (alert on it) |
 //! | `outbox_cdc_seconds_to_wal_limit` | gauge | | forecast until the slot's retained WAL reaches `max_slot_wal_keep_size` at the recent growth rate; `+Inf` when not growing or unlimited |
+//! | `outbox_console_read_errors_total` | counter | `stage` = live (the overview for the live streams and the polling fallback; read again at the next interval, each open console showing the failure), lag (a consumer's lag from the brokers; read again 5 s later, the page showing why) | the operator console's background reads that failed |
 //! | `inbox_messages_total` | counter | `consumer`, `outcome` | applied, duplicate, stale, parked, held, ignored, retry |
 //! | `inbox_version_gaps_total` | counter | `consumer` | aggregate versions never seen |
 //! | `inbox_apply_seconds` | histogram | `consumer` | one message's transaction (in a batch, its share of the batch's) |
@@ -91,6 +92,8 @@ pub(crate) const CDC_SINCE_CONFIRMED: &str = "outbox_cdc_seconds_since_confirmed
 pub(crate) const CDC_LOST: &str = "outbox_cdc_slot_lost";
 #[cfg(feature = "cdc")]
 pub(crate) const CDC_TO_LIMIT: &str = "outbox_cdc_seconds_to_wal_limit";
+#[cfg(feature = "console")]
+pub(crate) const CONSOLE_READ_ERRORS: &str = "outbox_console_read_errors_total";
 pub(crate) const INBOX_MESSAGES: &str = "inbox_messages_total";
 pub(crate) const INBOX_GAPS: &str = "inbox_version_gaps_total";
 pub(crate) const INBOX_APPLY_SECONDS: &str = "inbox_apply_seconds";

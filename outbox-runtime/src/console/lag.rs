@@ -64,6 +64,8 @@ impl State {
                         },
                         Err(e) => {
                             let error = crate::secrets::redact_urls(&e.to_string()).into_owned();
+                            metrics::counter!(crate::metrics::CONSOLE_READ_ERRORS, "stage" => "lag")
+                                .increment(1);
                             tracing::warn!(consumer = %consumer, stage = "console-lag", error = %error, "cannot read the consumer's lag");
                             LagCell {
                                 messages: None,

@@ -16,6 +16,7 @@ use super::pages::{read_overview, OverviewData};
 use super::render::Frame;
 use super::State;
 use crate::error::Result;
+use crate::metrics::CONSOLE_READ_ERRORS;
 
 /// How often the overview is sent.
 pub(crate) const EVERY: Duration = Duration::from_secs(5);
@@ -35,7 +36,7 @@ pub(crate) struct Shared(tokio::sync::Mutex<Option<(Instant, Arc<OverviewData>)>
 /// The overview for a live stream or a poll: the one read less than half an interval ago,
 /// or a new one. The first stream that needs a new one reads it while the others wait for
 /// it, so that ten open consoles cost the database what one does. A failed read is not
-/// kept.
+/// kept: it is logged and counted (`outbox_console_read_errors_total`, stage `live`).
 pub(crate) async fn shared_overview(state: &State) -> Result<Arc<OverviewData>> {
     let mut shared = state.live_overview.0.lock().await;
     if let Some((read_at, data)) = shared.as_ref() {
@@ -43,7 +44,14 @@ pub(crate) async fn shared_overview(state: &State) -> Result<Arc<OverviewData>> 
             return Ok(Arc::clone(data));
         }
     }
-    let data = Arc::new(read_overview(state).await?);
+    let data = match read_overview(state).await {
+        Ok(data) => Arc::new(data),
+        Err(e) => {
+            metrics::counter!(CONSOLE_READ_ERRORS, "stage" => "live").increment(1);
+            warn!(stage = "console", error = %crate::secrets::redact_urls(&e.to_string()), "live overview failed");
+            return Err(e);
+        }
+    };
     *shared = Some((Instant::now(), Arc::clone(&data)));
     Ok(data)
 }
@@ -63,10 +71,8 @@ pub(crate) async fn stream(
                     Event::default().event("failed").data(format!("the overview failed to render: {e}"))
                 }
             },
-            Err(e) => {
-                warn!(stage = "console", error = %crate::secrets::redact_urls(&e.to_string()), "live overview failed");
-                Event::default().event("failed").data("the overview failed: see the console's log")
-            }
+            // Logged and counted where it was read.
+            Err(_) => Event::default().event("failed").data("the overview failed: see the console's log"),
         };
         Some((Ok(event), (state, frame, false)))
     });
