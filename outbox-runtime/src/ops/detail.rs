@@ -185,14 +185,15 @@ impl Ops {
         let limit =
             cap.map_or(String::new(), |cap| format!("ORDER BY f.id DESC LIMIT {}", u64::from(cap) + 1));
         let sql = format!(
-            "SELECT g.topic, g.cause, g.event_types, g.events, {first}, {last}, x.event_id, coalesce(x.last_error, ''), \
+            "SELECT g.topic, g.cause, g.event_types, g.events, {first}, {last}, \
+                    (SELECT x.event_id FROM {t} x WHERE x.id = g.oldest), \
+                    (SELECT coalesce(x.last_error, '') FROM {t} x WHERE x.id = g.oldest), \
                     sum(g.events) OVER ()::bigint \
              FROM (SELECT o.topic, {cause} AS cause, array_agg(DISTINCT o.event_type ORDER BY o.event_type) AS event_types, \
                           count(*) AS events, min({time}) AS first_at, max({time}) AS last_at, min(o.id) AS oldest \
                    FROM (SELECT f.id, f.topic, f.event_type, f.last_error, f.failed_at, f.created_at \
                          FROM {t} f WHERE f.status = 'failed' {limit}) o \
                    GROUP BY 1, 2) g \
-             JOIN {t} x ON x.id = g.oldest \
              ORDER BY g.events DESC, g.topic, g.cause",
             t = self.names().outbox,
             first = rfc3339("g.first_at"),
