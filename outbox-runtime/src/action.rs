@@ -269,9 +269,14 @@ pub(crate) fn epoch_micros(t: SystemTime) -> i64 {
 }
 
 /// The SQL `timestamptz` that the parameter `param`, an [`epoch_micros`], denotes, exactly:
-/// an integer count of microseconds, no float seconds.
+/// whole seconds and the microseconds left, each a product PostgreSQL computes exactly
+/// (it multiplies an interval in float8, exact below 2^53: one product of the whole count
+/// would be exact only within 285 years of 1970).
 pub(crate) fn at_micros(param: &str) -> String {
-    format!("(timestamptz 'epoch' + {param}::int8 * interval '1 microsecond')")
+    format!(
+        "(timestamptz 'epoch' + ({param}::int8 / 1000000) * interval '1 second' \
+          + ({param}::int8 % 1000000) * interval '1 microsecond')"
+    )
 }
 
 /// An action's audit row in `audit` (a quoted `<table>_audit`), written in its first

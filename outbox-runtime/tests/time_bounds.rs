@@ -131,3 +131,59 @@ async fn the_command_line_takes_a_printed_time_to_its_microsecond(pool: PgPool) 
         }
     }
 }
+
+/// `micros` after 1970, or before it when negative.
+fn at_signed(micros: i64) -> SystemTime {
+    let span = Duration::from_micros(micros.unsigned_abs());
+    if micros < 0 {
+        UNIX_EPOCH - span
+    } else {
+        UNIX_EPOCH + span
+    }
+}
+
+/// Bounds far from 1970 are exact too: 1900 and 2300, more than 2^53 µs away, where one
+/// float product of the whole count of microseconds would land a microsecond off.
+#[sqlx::test(migrations = false)]
+async fn bounds_far_from_1970_are_exact(pool: PgPool) {
+    // 1900-01-01T00:00:00Z and a microsecond after; 2300-01-01T00:00:00Z and a microsecond after.
+    let times =
+        [-2_208_988_800_000_000_i64, -2_208_988_799_999_999, 10_413_792_000_000_000, 10_413_792_000_000_001];
+    append_pings(&pool, &times.map(|t| t.to_string())).await;
+    for (offset, micros) in times.iter().enumerate() {
+        sqlx::query(
+            "UPDATE outbox SET created_at = timestamptz 'epoch' + ($2 / 1000000) * interval '1 second' \
+                                            + ($2 % 1000000) * interval '1 microsecond', \
+                    status = 'failed', last_error = 'Broker: Message size too large' \
+             WHERE id = (SELECT min(id) FROM outbox) + $1",
+        )
+        .bind(i64::try_from(offset).expect("offset"))
+        .bind(micros)
+        .execute(&pool)
+        .await
+        .expect("row");
+    }
+    let stored: Vec<i64> =
+        sqlx::query_scalar("SELECT (extract(epoch FROM created_at) * 1000000)::int8 FROM outbox ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .expect("stored");
+    assert_eq!(stored, times, "the rows hold the times given");
+    let ops = Outbox::default_ref().ops();
+    let nano = Duration::from_nanos(1);
+    for micros in times {
+        for bound in [at_signed(micros) - nano, at_signed(micros), at_signed(micros) + nano] {
+            let from = times.iter().filter(|t| at_signed(**t) >= bound).count() as u64;
+            let since = ops
+                .retry_failed(&pool, &ActionFilter::default().since(bound), "t", true)
+                .await
+                .expect("since");
+            assert_eq!(since.matched, from, "since {bound:?}");
+            let until = ops
+                .retry_failed(&pool, &ActionFilter::default().until(bound), "t", true)
+                .await
+                .expect("until");
+            assert_eq!(until.matched, times.len() as u64 - from, "until {bound:?}");
+        }
+    }
+}

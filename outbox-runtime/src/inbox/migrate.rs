@@ -161,8 +161,22 @@ CREATE INDEX "{table}_aggregates_gaps" ON {aggregates} (consumer) WHERE gaps > 0
             AssertSqlSafe(v7).into_sql_str(),
             false,
         );
+        let v8 = format!(
+            r#"
+-- A consumer's newest parked messages, for failure groups counted up to the console's cap:
+-- read without walking past other consumers' messages or resolved ones.
+CREATE INDEX "{table}_parked_newest" ON {parked} (consumer, id) WHERE status = 'parked';
+"#
+        );
+        let migration8 = Migration::new(
+            8,
+            "newest parked messages".into(),
+            MigrationType::Simple,
+            AssertSqlSafe(v8).into_sql_str(),
+            false,
+        );
         let mut migrator = Migrator::with_migrations(vec![
-            migration, migration2, migration3, migration4, migration5, migration6, migration7,
+            migration, migration2, migration3, migration4, migration5, migration6, migration7, migration8,
         ]);
         migrator.create_schema(schema.clone());
         migrator.dangerous_set_table_name(format!("\"{schema}\".\"{table}_migrations\""));

@@ -170,10 +170,11 @@ impl Ops {
         self.failure_groups_unchecked(pool, None).await.map_err(|e| self.names().not_migrated(e))
     }
 
-    /// [`Ops::failure_groups`] over the newest `cap` failed events (at least 1): what an
-    /// incident that fails events by the hundred thousand costs to look at is bounded (a
-    /// cause is worked out of each reason). With more failed than that, every group says
-    /// [`FailureGroup::at_least`]; acting on a group still acts on all its events.
+    /// [`Ops::failure_groups`] over the newest failed events, `cap` (at least 1) and one
+    /// more, which says whether there are more: what an incident that fails events by the
+    /// hundred thousand costs to look at is bounded (a cause is worked out of each reason).
+    /// With more failed than `cap`, every group says [`FailureGroup::at_least`]; acting on a
+    /// group still acts on all its events.
     pub async fn failure_groups_capped(&self, pool: &PgPool, cap: u32) -> Result<Vec<FailureGroup>> {
         self.failure_groups_unchecked(pool, Some(cap.max(1))).await.map_err(|e| self.names().not_migrated(e))
     }

@@ -326,7 +326,7 @@ impl Ops {
             // The copy holds exactly these rows; `since` and `until` are ignored.
             format!(
                 "SELECT id, event_id, event_type, hour FROM {COPY} \
-                 WHERE $1::float8 IS NOT NULL AND $2::float8 IS NOT NULL AND id > $3 ORDER BY id LIMIT $4"
+                 WHERE $1::int8 IS NOT NULL AND $2::int8 IS NOT NULL AND id > $3 ORDER BY id LIMIT $4"
             )
         };
         let found = format!(

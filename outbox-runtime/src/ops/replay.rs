@@ -54,10 +54,12 @@ pub struct ReplayReport {
 }
 
 /// `$1` event type, `$2` aggregate id, `$3` since, `$4` until (`epoch_micros`, exact: see
-/// `at_micros`), `$5` event id, all optional.
+/// `at_micros`, whose SQL this is), `$5` event id, all optional.
 const FILTER: &str = "($1::text IS NULL OR event_type = $1) AND ($2::text IS NULL OR aggregate_id = $2) \
-     AND ($3::int8 IS NULL OR created_at >= timestamptz 'epoch' + $3 * interval '1 microsecond') \
-     AND ($4::int8 IS NULL OR created_at < timestamptz 'epoch' + $4 * interval '1 microsecond') \
+     AND ($3::int8 IS NULL OR created_at >= timestamptz 'epoch' + ($3 / 1000000) * interval '1 second' \
+                                            + ($3 % 1000000) * interval '1 microsecond') \
+     AND ($4::int8 IS NULL OR created_at < timestamptz 'epoch' + ($4 / 1000000) * interval '1 second' \
+                                           + ($4 % 1000000) * interval '1 microsecond') \
      AND ($5::uuid IS NULL OR event_id = $5)";
 
 fn on_the_hour(t: Option<SystemTime>) -> bool {

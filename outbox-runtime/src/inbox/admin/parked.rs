@@ -326,11 +326,12 @@ impl InboxAdmin {
         self.parked_groups_under(None).await
     }
 
-    /// [`InboxAdmin::parked_groups`] over the newest `cap` parked messages (at least 1):
-    /// what a consumer that parks messages by the hundred thousand costs to look at is
-    /// bounded (a cause is worked out of each reason). With more parked than that, every
-    /// group says [`ParkedGroup::at_least`]; acting on a group still acts on all its
-    /// messages.
+    /// [`InboxAdmin::parked_groups`] over the consumer's newest parked messages, `cap` (at
+    /// least 1) and one more, which says whether there are more: what a consumer that parks
+    /// messages by the hundred thousand costs to look at is bounded (a cause is worked out
+    /// of each reason; they are found through the index of inbox migration 8, past no other
+    /// consumer's message). With more parked than `cap`, every group says
+    /// [`ParkedGroup::at_least`]; acting on a group still acts on all its messages.
     pub async fn parked_groups_capped(&self, cap: u32) -> Result<Vec<ParkedGroup>> {
         self.parked_groups_under(Some(cap.max(1))).await
     }
