@@ -15,7 +15,7 @@ use tracing::warn;
 use super::pages::{read_overview, OverviewData};
 use super::render::Frame;
 use super::State;
-use crate::error::Result;
+use crate::error::Error;
 use crate::metrics::CONSOLE_READ_ERRORS;
 
 /// How often the overview is sent.
@@ -29,31 +29,36 @@ pub(crate) struct OverviewBody<'a> {
     pub(crate) data: &'a OverviewData,
 }
 
-/// The overview last read for the live streams and the polling fallback, and when.
+/// The overview last read for the live streams and the polling fallback (or why it could
+/// not be), and when.
 #[derive(Default)]
-pub(crate) struct Shared(tokio::sync::Mutex<Option<(Instant, Arc<OverviewData>)>>);
+pub(crate) struct Shared(tokio::sync::Mutex<Option<(Instant, Reading)>>);
+
+/// One reading of the overview: its data, or its failure.
+pub(crate) type Reading = std::result::Result<Arc<OverviewData>, Arc<Error>>;
 
 /// The overview for a live stream or a poll: the one read less than half an interval ago,
 /// or a new one. The first stream that needs a new one reads it while the others wait for
-/// it, so that ten open consoles cost the database what one does. A failed read is not
-/// kept: it is logged and counted (`outbox_console_read_errors_total`, stage `live`).
-pub(crate) async fn shared_overview(state: &State) -> Result<Arc<OverviewData>> {
+/// it, so that ten open consoles cost the database what one does, failing or not: a failed
+/// reading is shared the same way, logged and counted once
+/// (`outbox_console_read_errors_total`, stage `live`).
+pub(crate) async fn shared_overview(state: &State) -> Reading {
     let mut shared = state.live_overview.0.lock().await;
-    if let Some((read_at, data)) = shared.as_ref() {
+    if let Some((read_at, reading)) = shared.as_ref() {
         if read_at.elapsed() < EVERY / 2 {
-            return Ok(Arc::clone(data));
+            return reading.clone();
         }
     }
-    let data = match read_overview(state).await {
-        Ok(data) => Arc::new(data),
+    let reading = match read_overview(state).await {
+        Ok(data) => Ok(Arc::new(data)),
         Err(e) => {
             metrics::counter!(CONSOLE_READ_ERRORS, "stage" => "live").increment(1);
             warn!(stage = "console", error = %crate::secrets::redact_urls(&e.to_string()), "live overview failed");
-            return Err(e);
+            Err(Arc::new(e))
         }
     };
-    *shared = Some((Instant::now(), Arc::clone(&data)));
-    Ok(data)
+    *shared = Some((Instant::now(), reading.clone()));
+    reading
 }
 
 pub(crate) async fn stream(

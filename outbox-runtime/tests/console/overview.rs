@@ -171,3 +171,28 @@ async fn the_overview_sums_the_relays_standing_reports_of_events_in_flight(pool:
     assert!(page.contains("<th scope=\"col\">In flight</th>"), "{page}");
     stop.cancel();
 }
+
+/// `outbox console --metrics-addr` serves the console's own metrics: a lag that cannot be
+/// read (brokers nobody listens at) is counted there, by stage.
+#[sqlx::test(migrations = false)]
+async fn the_cli_console_counts_failed_reads_on_its_metrics_address(pool: PgPool) {
+    seed_both(&pool).await;
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port");
+    let url = common::database_url(&pool);
+    let args = ["--inbox-table", "inbox", "--brokers", "127.0.0.1:1", "--metrics-addr", &metrics.to_string()];
+    let (running, _stdout, first) = cli_console(&url, &args, &[]);
+    let addr: SocketAddr =
+        first.trim_start_matches("outbox console: http://").trim_end_matches('/').parse().expect(&first);
+    // Each overview asks for the lag (in the background, at most every 5 s).
+    let line = "outbox_console_read_errors_total{stage=\"lag\"}";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut scraped = String::new();
+    while Instant::now() < deadline && !scraped.contains(line) {
+        assert_eq!(get(addr, "/").await.status, 200);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        scraped = get(metrics, "/metrics").await.body;
+    }
+    let stderr = running.stop();
+    assert!(scraped.contains(line), "{scraped}\n{stderr}");
+    assert!(stderr.contains("cannot read the consumer's lag"), "logged too: {stderr}");
+}

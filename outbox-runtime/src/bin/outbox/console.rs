@@ -64,6 +64,10 @@ pub(crate) struct ConsoleArgs {
     /// offsets against the partitions' ends, read at most every 5 s). Without it, no lag.
     #[arg(long, env = "KAFKA_BROKERS")]
     brokers: Option<String>,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9188): the console's
+    /// failed background reads (outbox_console_read_errors_total). Metrics only: no token.
+    #[arg(long)]
+    metrics_addr: Option<SocketAddr>,
 }
 
 pub(crate) async fn run(outbox: &Outbox, pool: PgPool, args: ConsoleArgs) -> Result<ExitCode, Fail> {
@@ -101,6 +105,10 @@ pub(crate) async fn run(outbox: &Outbox, pool: PgPool, args: ConsoleArgs) -> Res
     }
     // Refused (a wide bind without a token) before anything listens.
     Console::new(pool.clone(), outbox, config.clone())?;
+    if let Some(addr) = args.metrics_addr {
+        outbox_runtime::metrics::install_prometheus(addr)?;
+        eprintln!("outbox: metrics on http://{addr}/metrics");
+    }
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await
         .map_err(|e| fail(3, format!("the console cannot listen on {}: {e}", args.bind)))?;
