@@ -46,14 +46,19 @@ async fn random_events(pool: &PgPool, n: usize, rng: &mut fastrand::Rng) -> Vec<
     rows
 }
 
-#[sqlx::test(migrations = false)]
-async fn bounds_between_microseconds_filter_as_they_read(pool: PgPool) {
+/// The seed (`OUTBOX_TEST_SEED`, or a new one), printed for `test`, and its generator.
+fn seeded(test: &str) -> (u64, fastrand::Rng) {
     let seed = std::env::var("OUTBOX_TEST_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| fastrand::u64(..));
-    eprintln!("time bounds: OUTBOX_TEST_SEED={seed}");
-    let mut rng = fastrand::Rng::with_seed(seed);
+    eprintln!("{test}: OUTBOX_TEST_SEED={seed}");
+    (seed, fastrand::Rng::with_seed(seed))
+}
+
+#[sqlx::test(migrations = false)]
+async fn bounds_between_microseconds_filter_as_they_read(pool: PgPool) {
+    let (seed, mut rng) = seeded("time bounds");
     let rows = random_events(&pool, 60, &mut rng).await;
     let ops = Outbox::default_ref().ops();
     let (mut between, mut compared) = (0, 0);
@@ -98,12 +103,7 @@ async fn bounds_between_microseconds_filter_as_they_read(pool: PgPool) {
 /// microsecond: a time read through float seconds could land a fraction of one later.
 #[sqlx::test(migrations = false)]
 async fn the_command_line_takes_a_printed_time_to_its_microsecond(pool: PgPool) {
-    let seed = std::env::var("OUTBOX_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| fastrand::u64(..));
-    eprintln!("time bounds, command line: OUTBOX_TEST_SEED={seed}");
-    let mut rng = fastrand::Rng::with_seed(seed);
+    let (seed, mut rng) = seeded("time bounds, command line");
     let rows = random_events(&pool, 40, &mut rng).await;
     // Every time the events have, as PostgreSQL prints it: a bound at each must take the
     // events at that very microsecond (since) or leave them out (until).
