@@ -151,6 +151,20 @@ fn shots_dir() -> PathBuf {
     dir
 }
 
+/// The page the browser shows, captured at both widths without leaving it (an action's
+/// pages answer a POST: no URL to visit again), back at 1440 after.
+async fn shoot(client: &Client, name: &str) {
+    for width in [375, 1440] {
+        client.set_window_size(width, 1000).await.expect("size");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        std::fs::write(
+            shots_dir().join(format!("{name}-{width}.png")),
+            client.screenshot().await.expect("shot"),
+        )
+        .expect("write shot");
+    }
+}
+
 /// Visits `path`, checks it logged nothing and ran nothing, and captures it at both widths.
 async fn visit(client: &Client, base: &str, path: &str, name: &str) -> String {
     let mut text = String::new();
@@ -329,13 +343,11 @@ async fn an_operator_retries_a_failure_group_in_the_browser_and_the_relay_publis
     let count = appear(&client, "matched").await;
     assert_eq!(count, "3");
     assert_eq!(status_of(&pool, ids[0]).await, "failed", "the dry run changed nothing");
-    std::fs::write(shots_dir().join("action-confirm-1440.png"), client.screenshot().await.expect("shot"))
-        .expect("shot");
+    shoot(&client, "action-confirm").await;
     client.find(Locator::Id("confirm")).await.expect("confirm").click().await.expect("confirm");
     let applied = appear(&client, "applied").await;
     assert_eq!(applied, "3", "the page says what the database did");
-    std::fs::write(shots_dir().join("action-done-1440.png"), client.screenshot().await.expect("shot"))
-        .expect("shot");
+    shoot(&client, "action-done").await;
     assert!(log_since(&client).await.iter().all(|e| e["level"] != "SEVERE"), "the action pages log no error");
 
     // The relay publishes the three; read back from Kafka.
@@ -365,8 +377,7 @@ async fn an_operator_retries_a_failure_group_in_the_browser_and_the_relay_publis
     assert_eq!(appear(&client, "matched").await, "1");
     let counts = client.find(Locator::Id("replay-counts")).await.expect("counts").text().await.expect("text");
     assert!(counts.contains("1 published"), "{counts}");
-    std::fs::write(shots_dir().join("replay-confirm-1440.png"), client.screenshot().await.expect("shot"))
-        .expect("shot");
+    shoot(&client, "replay-confirm").await;
     assert_eq!(status_of(&pool, ids[0]).await, "published", "the dry run changed nothing");
     client.find(Locator::Id("confirm")).await.expect("confirm").click().await.expect("confirm");
     assert_eq!(appear(&client, "applied").await, "1");
