@@ -259,12 +259,15 @@ pub struct ActionReport {
 /// stores, `c >= t` holds exactly when `c >= up(t)`, and `c < t` exactly when `c < up(t)`:
 /// a bound with nanoseconds filters as it reads. (Seconds as a float through
 /// `to_timestamp` round to the nearest microsecond instead: a `since` 300 ns after an event
-/// took the event.) Saturates past ±292,000 years, which PostgreSQL then refuses as out of
-/// range.
+/// took the event.) A bound beyond what PostgreSQL stores filters as it reads too: one
+/// before its first time (4713 BC) is taken as that time, one past 292,000 years from now
+/// as the largest count of microseconds (294,247 AD), earlier and later than any row.
 pub(crate) fn epoch_micros(t: SystemTime) -> i64 {
+    /// 4713-11-24 00:00:00 BC, PostgreSQL's first `timestamptz`, in microseconds.
+    const FIRST: i64 = -210_866_803_200_000_000;
     match t.duration_since(UNIX_EPOCH) {
         Ok(after) => i64::try_from(after.as_nanos().div_ceil(1000)).unwrap_or(i64::MAX),
-        Err(before) => i64::try_from(before.duration().as_nanos() / 1000).map_or(i64::MIN, |m| -m),
+        Err(before) => i64::try_from(before.duration().as_nanos() / 1000).map_or(FIRST, |m| (-m).max(FIRST)),
     }
 }
 

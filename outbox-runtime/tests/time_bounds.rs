@@ -143,7 +143,8 @@ fn at_signed(micros: i64) -> SystemTime {
 }
 
 /// Bounds far from 1970 are exact too: 1900 and 2300, more than 2^53 µs away, where one
-/// float product of the whole count of microseconds would land a microsecond off.
+/// float product of the whole count of microseconds would land a microsecond off; and
+/// bounds beyond PostgreSQL's times are earlier or later than every event.
 #[sqlx::test(migrations = false)]
 async fn bounds_far_from_1970_are_exact(pool: PgPool) {
     // 1900-01-01T00:00:00Z and a microsecond after; 2300-01-01T00:00:00Z and a microsecond after.
@@ -185,5 +186,15 @@ async fn bounds_far_from_1970_are_exact(pool: PgPool) {
                 .expect("until");
             assert_eq!(until.matched, times.len() as u64 - from, "until {bound:?}");
         }
+    }
+    // Before and after anything PostgreSQL stores (316,000 years either way): every event
+    // is after the one and before the other, never an error.
+    let ages = Duration::from_secs(10_000_000_000_000);
+    for (bound, after) in [(UNIX_EPOCH - ages, 4), (UNIX_EPOCH + ages, 0)] {
+        let since =
+            ops.retry_failed(&pool, &ActionFilter::default().since(bound), "t", true).await.expect("since");
+        let until =
+            ops.retry_failed(&pool, &ActionFilter::default().until(bound), "t", true).await.expect("until");
+        assert_eq!((since.matched, until.matched), (after, 4 - after), "{bound:?}");
     }
 }

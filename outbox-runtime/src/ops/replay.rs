@@ -53,14 +53,17 @@ pub struct ReplayReport {
     pub audit_id: Option<i64>,
 }
 
-/// `$1` event type, `$2` aggregate id, `$3` since, `$4` until (`epoch_micros`, exact: see
-/// `at_micros`, whose SQL this is), `$5` event id, all optional.
-const FILTER: &str = "($1::text IS NULL OR event_type = $1) AND ($2::text IS NULL OR aggregate_id = $2) \
-     AND ($3::int8 IS NULL OR created_at >= timestamptz 'epoch' + ($3 / 1000000) * interval '1 second' \
-                                            + ($3 % 1000000) * interval '1 microsecond') \
-     AND ($4::int8 IS NULL OR created_at < timestamptz 'epoch' + ($4 / 1000000) * interval '1 second' \
-                                           + ($4 % 1000000) * interval '1 microsecond') \
-     AND ($5::uuid IS NULL OR event_id = $5)";
+/// The replay's filter: `$1` event type, `$2` aggregate id, `$3` since, `$4` until
+/// ([`epoch_micros`], exact through [`at_micros`]), `$5` event id, all optional.
+fn filter_sql() -> String {
+    format!(
+        "($1::text IS NULL OR event_type = $1) AND ($2::text IS NULL OR aggregate_id = $2) \
+         AND ($3::int8 IS NULL OR created_at >= {since}) AND ($4::int8 IS NULL OR created_at < {until}) \
+         AND ($5::uuid IS NULL OR event_id = $5)",
+        since = at_micros("$3"),
+        until = at_micros("$4"),
+    )
+}
 
 fn on_the_hour(t: Option<SystemTime>) -> bool {
     t.is_none_or(|t| epoch_micros(t).rem_euclid(3_600_000_000) == 0)
@@ -109,7 +112,8 @@ impl Ops {
                        AND ($1::text IS NULL OR event_type = $1) \
                        AND ($3::int8 IS NULL OR hour >= date_trunc('hour', {since} AT TIME ZONE 'UTC')) \
                        AND ($4::int8 IS NULL OR hour < {until} AT TIME ZONE 'UTC')) \
-             FROM {t} WHERE {FILTER}",
+             FROM {t} WHERE {filter}",
+            filter = filter_sql(),
             since = at_micros("$3"),
             until = at_micros("$4"),
         );
@@ -151,12 +155,13 @@ impl Ops {
         let page = format!(
             "WITH page AS ( \
                SELECT id FROM {t} WHERE status = 'published' AND id > $6 AND id <= $7 \
-                 AND published_at <= {started_at} AND {FILTER} ORDER BY id LIMIT $9), \
+                 AND published_at <= {started_at} AND {filter} ORDER BY id LIMIT $9), \
              done AS ( \
                UPDATE {t} SET status = 'pending', next_attempt_at = '-infinity', last_error = NULL \
                WHERE id IN (SELECT id FROM page) AND status = 'published' RETURNING 1) \
              SELECT (SELECT max(id) FROM page), (SELECT count(*) FROM done)",
             started_at = at_micros("$8"),
+            filter = filter_sql(),
         );
         let mut cursor = 0_i64;
         let mut tx = pool.begin().await?;

@@ -333,8 +333,8 @@ impl InboxAdmin {
         if query.before.is_some() {
             // Exact to the microsecond: an integer count of microseconds, no float seconds.
             n += 2;
-            conditions
-                .push(format!("(i.applied_at, i.event_id) < ({}, ${n})", at_micros(&format!("${}", n - 1)),));
+            let at = at_micros(&format!("${}", n - 1));
+            conditions.push(format!("(i.applied_at, i.event_id) < ({at}, ${n})"));
         }
         let sql = format!(
             "SELECT i.event_id, i.event_type, i.schema_version, i.aggregate_type, i.aggregate_id, i.aggregate_version, \
