@@ -19,14 +19,22 @@ use crate::kafka::Record;
 use crate::relay_kit::records_for;
 use crate::running::Running;
 
+/// A database of the calling test's own on a server that streams: the server at
+/// `DATABASE_URL` when it is at `wal_level = logical`, else a server of the test binary's
+/// own ([`pg_server::streaming`](crate::pg_server::streaming)).
+pub async fn database() -> PgPool {
+    let server =
+        crate::pg_server::streaming().unwrap_or_else(|e| panic!("a server at wal_level = logical: {e}"));
+    crate::db::test_database(&server).await
+}
+
 /// Whether the server can stream (`wal_level = logical`). A test that needs it fails
 /// with the fix in its message when it is off: it never passes without running.
 pub async fn require_logical(pool: &PgPool) {
     let level: String = sqlx::query_scalar("SHOW wal_level").fetch_one(pool).await.expect("wal_level");
     assert_eq!(
         level, "logical",
-        "this test needs wal_level = logical: ALTER SYSTEM SET wal_level = logical, then restart PostgreSQL \
-         (.ci/run does both)"
+        "this test needs wal_level = logical: take its database from cdc_kit::database()"
     );
 }
 
@@ -36,6 +44,8 @@ pub struct Slot {
     /// Settings that stream from them.
     pub config: CdcConfig,
     name: String,
+    /// Where to drop it from.
+    admin_url: String,
 }
 
 impl Slot {
@@ -43,12 +53,13 @@ impl Slot {
     pub async fn named(pool: &PgPool) -> Slot {
         require_logical(pool).await;
         let name = format!("outbox_t_{}", &Uuid::new_v4().simple().to_string()[..12]);
-        let config = CdcConfig::new(crate::database_url(pool))
+        let admin_url = crate::database_url(pool);
+        let config = CdcConfig::new(admin_url.clone())
             .slot(&name)
             .publication(&name)
             .status_interval(Duration::from_millis(200))
             .takeover_interval(Duration::from_millis(300));
-        Slot { config, name }
+        Slot { config, name, admin_url }
     }
 
     /// A fresh slot and publication for `outbox`, set up.
@@ -99,7 +110,7 @@ pub fn lsn_number(lsn: &str) -> u64 {
 impl Drop for Slot {
     fn drop(&mut self) {
         let name = self.name.clone();
-        let url = crate::db::base_url();
+        let url = self.admin_url.clone();
         // Drop runs in the test's runtime (or while it unwinds): drop the slot from a thread
         // with a runtime of its own, ending the relay's stream first if it still holds it.
         let dropped = std::thread::spawn(move || {

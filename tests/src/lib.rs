@@ -4,7 +4,8 @@
 //! - [`kafka`]: the broker (`KAFKA_BROKERS`, else librdkafka's in-process mock cluster),
 //!   topics, and reading records back;
 //! - [`db`]: the PostgreSQL server (`DATABASE_URL` or the local default) and fresh
-//!   databases on it;
+//!   databases on it; [`pg_server`]: servers of the tests' own, for what it lacks
+//!   (`wal_level = logical`) or must not be put through (restarts, server-wide settings);
 //! - [`events`]: the test events and the headers the relay writes;
 //! - [`Rng`]: the seeded generator whose seed a run prints;
 //! - [`metrics_kit`]: metrics read back through a debugging recorder;
@@ -30,6 +31,7 @@ pub mod inbox_kit;
 pub mod kafka;
 pub mod metrics_kit;
 pub mod partition_kit;
+pub mod pg_server;
 pub mod raw;
 pub mod registry_standin;
 pub mod relay_kit;

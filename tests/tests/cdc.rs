@@ -9,19 +9,20 @@ use std::time::Duration;
 use outbox_runtime::cdc::CdcRelay;
 use outbox_runtime::ops::RetryTarget;
 use outbox_runtime::{AppendOptions, CancellationToken, Error, NewEvent, Outbox, OutboxConfig};
-use outbox_tests::cdc_kit::{by_event, first_versions, ours, Slot};
+use outbox_tests::cdc_kit::{self, by_event, first_versions, ours, Slot};
 use outbox_tests::kafka::Kafka;
 use outbox_tests::relay_kit::{append_steps, has_all, records_for, TOPIC};
 use outbox_tests::running::{quick, start};
 use outbox_tests::{eventually, migrate, rows_in, Step};
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
 /// The same rows through the polling relay (table `outbox`) and the stream (a twin table,
 /// its rows copied with another topic): every record has the same key, value, headers
 /// and partition. A difference in any byte of them fails.
-#[sqlx::test(migrations = false)]
-async fn writes_the_records_the_polling_relay_writes(pool: PgPool) {
+#[tokio::test]
+async fn writes_the_records_the_polling_relay_writes() {
+    let pool = cdc_kit::database().await;
     let kafka = Kafka::start();
     let streamed_topic = format!("{TOPIC}-cdc");
     kafka.create_topic(TOPIC, 3).await;
@@ -105,8 +106,9 @@ async fn writes_the_records_the_polling_relay_writes(pool: PgPool) {
 /// Many transactions append to a few aggregates while the relay streams, one in four
 /// rolled back: Kafka holds every committed event and no rolled-back one, each
 /// aggregate's in commit order.
-#[sqlx::test(migrations = false)]
-async fn commit_order_per_aggregate_and_nothing_of_a_rollback(pool: PgPool) {
+#[tokio::test]
+async fn commit_order_per_aggregate_and_nothing_of_a_rollback() {
+    let pool = cdc_kit::database().await;
     let kafka = Kafka::start();
     kafka.create_topic(TOPIC, 3).await;
     let outbox = migrate(&pool).await;
@@ -183,8 +185,9 @@ async fn commit_order_per_aggregate_and_nothing_of_a_rollback(pool: PgPool) {
 
 /// Without the slot, the publication or the table in it, the relay refuses to start and
 /// names what to run; it creates nothing itself.
-#[sqlx::test(migrations = false)]
-async fn refuses_to_start_without_its_slot_or_publication(pool: PgPool) {
+#[tokio::test]
+async fn refuses_to_start_without_its_slot_or_publication() {
+    let pool = cdc_kit::database().await;
     let kafka = Kafka::start();
     let outbox = migrate(&pool).await;
     let slot = Slot::named(&pool).await;
@@ -249,8 +252,9 @@ async fn refuses_to_start_without_its_slot_or_publication(pool: PgPool) {
 /// aggregate's later events, streamed in the same transaction and after it, wait in the
 /// table; every other aggregate is published. Discarding the failed event releases the
 /// rest, which the table path publishes in order.
-#[sqlx::test(migrations = false)]
-async fn a_permanent_error_holds_back_only_its_aggregate_until_released(pool: PgPool) {
+#[tokio::test]
+async fn a_permanent_error_holds_back_only_its_aggregate_until_released() {
+    let pool = cdc_kit::database().await;
     let kafka = Kafka::start();
     kafka.create_topic(TOPIC, 3).await;
     let outbox = migrate(&pool).await;
@@ -314,8 +318,9 @@ async fn a_permanent_error_holds_back_only_its_aggregate_until_released(pool: Pg
 /// Pending events written before the slot existed are not in its stream: setup hands
 /// them to the table path, which publishes them; an event an operator retries (an
 /// update, which the stream does not carry) is published again the same way.
-#[sqlx::test(migrations = false)]
-async fn events_the_stream_never_carries_are_published_by_the_table_path(pool: PgPool) {
+#[tokio::test]
+async fn events_the_stream_never_carries_are_published_by_the_table_path() {
+    let pool = cdc_kit::database().await;
     let kafka = Kafka::start();
     kafka.create_topic(TOPIC, 3).await;
     let outbox = migrate(&pool).await;
@@ -344,8 +349,9 @@ async fn events_the_stream_never_carries_are_published_by_the_table_path(pool: P
 /// a new one at the end of the row, the old one renamed and left NULL. Rows are read by
 /// column name through the layout the stream sends before the first row in it; read by
 /// position, the new rows' topic would be the old column's NULL.
-#[sqlx::test(migrations = false)]
-async fn rows_are_read_by_column_name_across_an_alter_table(pool: PgPool) {
+#[tokio::test]
+async fn rows_are_read_by_column_name_across_an_alter_table() {
+    let pool = cdc_kit::database().await;
     let kafka = Kafka::start();
     kafka.create_topic(TOPIC, 3).await;
     let outbox = migrate(&pool).await;

@@ -6,20 +6,21 @@
 use std::time::Duration;
 
 use outbox_runtime::Error;
-use outbox_tests::cdc_kit::{first_versions, lsn_number, Slot};
+use outbox_tests::cdc_kit::{self, first_versions, lsn_number, Slot};
 use outbox_tests::kafka::Kafka;
 use outbox_tests::relay_kit::{append_steps, has_all, TOPIC};
 use outbox_tests::running::quick;
 use outbox_tests::{eventually, migrate, rows_in, Rng};
-use sqlx::PgPool;
+
 use uuid::Uuid;
 
 /// A relay stopped abruptly (its task dropped: no last status, the producer gone) at
 /// random points while transactions of many rows commit: the next one sends again what
 /// was not confirmed and never skips; the slot's confirmed position never passes an event
 /// that is not in Kafka.
-#[sqlx::test(migrations = false)]
-async fn an_abrupt_stop_sends_again_and_never_skips(pool: PgPool) {
+#[tokio::test]
+async fn an_abrupt_stop_sends_again_and_never_skips() {
+    let pool = cdc_kit::database().await;
     // The mock cluster, slowed down: acknowledgements take longer than the status
     // interval, so that a position confirmed before its acknowledgement would reach the
     // server before the stop.
@@ -91,8 +92,9 @@ async fn an_abrupt_stop_sends_again_and_never_skips(pool: PgPool) {
 /// the events' commit, and a relay stopped abruptly then and started again once the
 /// broker is back publishes every one of them. Confirming a commit before its
 /// acknowledgement loses them here.
-#[sqlx::test(migrations = false)]
-async fn kafka_down_holds_the_confirmed_position_and_loses_nothing(pool: PgPool) {
+#[tokio::test]
+async fn kafka_down_holds_the_confirmed_position_and_loses_nothing() {
+    let pool = cdc_kit::database().await;
     let kafka = Kafka::mock();
     kafka.create_topic(TOPIC, 3).await;
     let mock = kafka.mock_cluster().expect("mock");
@@ -134,8 +136,9 @@ async fn kafka_down_holds_the_confirmed_position_and_loses_nothing(pool: PgPool)
 /// Three relays on one slot: one streams, two stand by; each time the streaming one is
 /// stopped abruptly, another takes the slot over. Every event arrives, each aggregate's in
 /// order (first copies), whatever the takeovers.
-#[sqlx::test(migrations = false)]
-async fn standbys_take_the_slot_over_and_keep_the_order(pool: PgPool) {
+#[tokio::test]
+async fn standbys_take_the_slot_over_and_keep_the_order() {
+    let pool = cdc_kit::database().await;
     let kafka = Kafka::start();
     kafka.create_topic(TOPIC, 3).await;
     let outbox = migrate(&pool).await;
@@ -205,8 +208,9 @@ async fn standbys_take_the_slot_over_and_keep_the_order(pool: PgPool) {
 /// abruptly in the middle: the confirmed position stays before that commit, and the next
 /// relay sends the rest (the events already marked published are not sent again), in
 /// order.
-#[sqlx::test(migrations = false)]
-async fn a_large_transaction_stopped_in_the_middle_is_finished_after_a_restart(pool: PgPool) {
+#[tokio::test]
+async fn a_large_transaction_stopped_in_the_middle_is_finished_after_a_restart() {
+    let pool = cdc_kit::database().await;
     let kafka = Kafka::mock();
     kafka.create_topic(TOPIC, 3).await;
     let outbox = migrate(&pool).await;
@@ -250,8 +254,9 @@ async fn a_large_transaction_stopped_in_the_middle_is_finished_after_a_restart(p
 
 /// The slot dropped under a running relay: it stops with an error that says to backfill,
 /// and does not create the slot again.
-#[sqlx::test(migrations = false)]
-async fn a_dropped_slot_stops_the_relay_and_is_not_created_again(pool: PgPool) {
+#[tokio::test]
+async fn a_dropped_slot_stops_the_relay_and_is_not_created_again() {
+    let pool = cdc_kit::database().await;
     let kafka = Kafka::start();
     kafka.create_topic(TOPIC, 3).await;
     let outbox = migrate(&pool).await;

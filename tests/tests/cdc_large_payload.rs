@@ -3,19 +3,19 @@
 use std::time::Duration;
 
 use outbox_runtime::{AppendOptions, NewEvent, Outbox, OutboxConfig};
-use outbox_tests::cdc_kit::Slot;
+use outbox_tests::cdc_kit::{self, Slot};
 use outbox_tests::kafka::Kafka;
 use outbox_tests::relay_kit::TOPIC;
 use outbox_tests::running::quick;
 use outbox_tests::{eventually, migrate, rows_in, Step};
-use sqlx::PgPool;
 
 /// Test 7. A 10 MB payload is streamed, published and marked like any other, and the
 /// event behind it in its aggregate follows it, with a memory budget of 1 MiB (an event
 /// larger than the budget is read alone). The outbox's record limit and the
 /// producer's `message.max.bytes` are raised for it (both refuse it by default, by name).
-#[sqlx::test(migrations = false)]
-async fn a_10_mb_payload_is_streamed_and_published(pool: PgPool) {
+#[tokio::test]
+async fn a_10_mb_payload_is_streamed_and_published() {
+    let pool = cdc_kit::database().await;
     // The mock cluster whatever KAFKA_BROKERS says: a broker process keeps the steps' topic
     // of other tests with its default limit (1 MB), which is the broker's setting to raise,
     // not the relay's.

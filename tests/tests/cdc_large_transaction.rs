@@ -4,12 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use outbox_tests::cdc_kit::Slot;
+use outbox_tests::cdc_kit::{self, Slot};
 use outbox_tests::kafka::Kafka;
 use outbox_tests::relay_kit::TOPIC;
 use outbox_tests::running::quick;
 use outbox_tests::{eventually, migrate, rows_in};
-use sqlx::PgPool;
 
 /// Resident memory of this process, in bytes.
 fn resident() -> u64 {
@@ -29,8 +28,9 @@ fn resident() -> u64 {
 /// process too, keeping at most 5 MB of the partition) and the producer's buffers; a relay
 /// holding the transaction until its commit would need the 100 MB. Seen failing with the
 /// read-ahead unbounded (a channel of 2^20 messages and a 1 GiB budget): 159 MiB.
-#[sqlx::test(migrations = false)]
-async fn one_transaction_of_100_000_events_streams_in_bounded_memory_and_in_order(pool: PgPool) {
+#[tokio::test]
+async fn one_transaction_of_100_000_events_streams_in_bounded_memory_and_in_order() {
+    let pool = cdc_kit::database().await;
     const EVENTS: i64 = 100_000;
     const BUDGET: usize = 4 << 20;
     // Half the transaction's payloads.

@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
-use outbox_tests::cdc_kit::{first_versions, ours, Slot};
+use outbox_tests::cdc_kit::{self, first_versions, ours, Slot};
 use outbox_tests::kafka::Kafka;
 use outbox_tests::partition_kit::{append, move_on, partition_of};
 use outbox_tests::relay_kit::TOPIC;
 use outbox_tests::running::quick;
 use outbox_tests::{eventually, migrate_existing, rows_in};
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
 /// The change-data-capture relay on a partitioned outbox: the publication carries each
@@ -19,8 +19,9 @@ use uuid::Uuid;
 /// the next one after appends move on while it streams are all published, each aggregate's
 /// in order; an event an operator retries goes through the table path's bounded claim.
 /// Before, the setup refused a partitioned outbox.
-#[sqlx::test(migrations = false)]
-async fn the_change_data_capture_relay_streams_a_partitioned_outbox(pool: PgPool) {
+#[tokio::test]
+async fn the_change_data_capture_relay_streams_a_partitioned_outbox() {
+    let pool = cdc_kit::database().await;
     let kafka = Kafka::start();
     kafka.create_topic(TOPIC, 3).await;
     let outbox = migrate_existing(&pool).await;
@@ -85,8 +86,9 @@ async fn the_change_data_capture_relay_streams_a_partitioned_outbox(pool: PgPool
 /// partitions' names (without `publish_via_partition_root`): the stream, which reads the
 /// outbox's name, would skip them all. The setup and the relay's check refuse it and name
 /// the fix; with the fix they accept it.
-#[sqlx::test(migrations = false)]
-async fn a_publication_of_the_partitions_under_their_own_names_is_refused(pool: PgPool) {
+#[tokio::test]
+async fn a_publication_of_the_partitions_under_their_own_names_is_refused() {
+    let pool = cdc_kit::database().await;
     let outbox = migrate_existing(&pool).await;
     assert!(outbox.ops().partition_table(&pool).await.expect("convert"));
     let slot = Slot::named(&pool).await;
@@ -123,8 +125,9 @@ async fn a_publication_of_the_partitions_under_their_own_names_is_refused(pool: 
 
 /// A table in a publication is not converted: the new partitions' inserts would not be in
 /// it. The error says how to go on.
-#[sqlx::test(migrations = false)]
-async fn an_outbox_in_a_publication_is_not_converted(pool: PgPool) {
+#[tokio::test]
+async fn an_outbox_in_a_publication_is_not_converted() {
+    let pool = cdc_kit::database().await;
     let outbox = migrate_existing(&pool).await;
     let slot = Slot::setup(&pool, &outbox).await;
     match outbox.ops().partition_table(&pool).await {

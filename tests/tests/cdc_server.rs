@@ -3,19 +3,20 @@
 //! it), and PostgreSQL restarted in fast and immediate mode mid-stream (test 6: nothing
 //! lost, order kept).
 //!
-//! Both act on the server, not on one test's database (a restart ends every connection;
-//! 1.25 GB of WAL slows everything beside it), so they are ignored by default and `.ci/run`
-//! runs them alone, one at a time: `cargo test -p outbox-tests --test cdc_server --
-//! --ignored --test-threads=1`. The restart uses `pg_ctlcluster` on the one cluster under
-//! `/etc/postgresql`, or the shell command in `OUTBOX_PG_RESTART` (given the mode as `$1`).
+//! Both act on a whole server (a restart ends every connection; 1.25 GB of WAL slows
+//! everything beside it), so each test runs on a server of its own, thrown away after it.
+//! They are long, and timed against the machine: ignored by default, `.ci/run` runs them one
+//! at a time (`cargo test -p outbox-tests --test cdc_server -- --ignored --test-threads=1`).
 
 use std::collections::BTreeMap;
-use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_runtime::{AppendOptions, NewEvent, Outbox};
 use outbox_tests::cdc_kit::{ours, Slot};
+use outbox_tests::db::test_database;
 use outbox_tests::kafka::Kafka;
+use outbox_tests::pg_server::Cluster;
 use outbox_tests::relay_kit::TOPIC;
 use outbox_tests::running::quick;
 use outbox_tests::{eventually, migrate, rows_in, Step};
@@ -33,61 +34,27 @@ fn logs() {
         .try_init();
 }
 
-/// Restarts the server in `mode` (`fast` or `immediate`); pg_ctl waits 60 s for it to stop.
-fn restart_postgres(mode: &str) {
-    assert!(try_restart_postgres(mode), "PostgreSQL restarted ({mode})");
+/// A server of the test's own at `wal_level = logical`, and a database of the test's on it.
+async fn own_server() -> (Cluster, PgPool) {
+    let cluster = Cluster::streaming().expect("a server of the test's own");
+    let pool = test_database(&cluster.server()).await;
+    (cluster, pool)
 }
 
-/// Whether the server restarted in `mode`. One that did not stop in time is started again
-/// once it has stopped, so that a failure leaves a server running behind it.
-fn try_restart_postgres(mode: &str) -> bool {
-    let status = match std::env::var("OUTBOX_PG_RESTART") {
-        Ok(command) => Command::new("sh").args(["-c", &command, "restart", mode]).status(),
-        Err(_) => {
-            let versions: Vec<String> = std::fs::read_dir("/etc/postgresql")
-                .expect("/etc/postgresql (or set OUTBOX_PG_RESTART)")
-                .filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .collect();
-            assert_eq!(versions.len(), 1, "one cluster under /etc/postgresql: {versions:?}");
-            Command::new("pg_ctlcluster")
-                .args(["--skip-systemctl-redirect", &versions[0], "main", "restart", "-m", mode])
-                .status()
-        }
-    };
-    status.expect("run the restart").success()
-}
-
-/// Starts the one cluster under `/etc/postgresql` once a shutdown in progress has ended
-/// (within a minute).
-/// Restarts PostgreSQL in fast mode and returns how long it took; when `pg_ctl` gives up
-/// (a stream held the shutdown), stops `relay`, starts the server and fails.
-async fn restart_fast(relay: &outbox_tests::running::Running) -> Duration {
+/// Restarts `cluster` in fast mode and returns how long it took; when `pg_ctl` gives up (a
+/// stream held the shutdown), stops `relay`, starts the server and fails.
+async fn restart_fast(cluster: &Arc<Cluster>, relay: &outbox_tests::running::Running) -> Duration {
     let started = Instant::now();
-    let restarted = tokio::task::spawn_blocking(|| try_restart_postgres("fast")).await.expect("restart");
+    let restarting = Arc::clone(cluster);
+    let restarted = tokio::task::spawn_blocking(move || restarting.restart("fast")).await.expect("restart");
     let took = started.elapsed();
     if !restarted {
         relay.task.abort();
-        tokio::task::spawn_blocking(start_postgres).await.expect("start");
+        let starting = Arc::clone(cluster);
+        tokio::task::spawn_blocking(move || starting.start_again()).await.expect("start");
         panic!("a fast shutdown was held by the relay's stream: pg_ctl gave up after {took:?}");
     }
     took
-}
-
-fn start_postgres() {
-    let versions: Vec<String> = std::fs::read_dir("/etc/postgresql")
-        .map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
-        .unwrap_or_default();
-    for _ in 0..60 {
-        for version in &versions {
-            let _ = Command::new("pg_ctlcluster")
-                .args(["--skip-systemctl-redirect", version, "main", "start"])
-                .status();
-        }
-        std::thread::sleep(Duration::from_secs(1));
-        if Command::new("pg_isready").args(["-h", "127.0.0.1", "-q"]).status().is_ok_and(|s| s.success()) {
-            return;
-        }
-    }
 }
 
 /// A fast shutdown while Kafka is down and streamed events wait for it, unconfirmed: the
@@ -96,9 +63,11 @@ fn start_postgres() {
 /// `pg_ctl: server does not shut down` after 60 s, the server stuck until the relay's process
 /// died). The relay ends its stream when the server asks for a final reply it cannot give;
 /// the events are streamed again after the restart and published once Kafka is back.
-#[sqlx::test(migrations = false)]
-#[ignore = "restarts the PostgreSQL server: .ci/run runs it alone"]
-async fn a_fast_shutdown_is_not_held_by_events_kafka_has_not_acknowledged(pool: PgPool) {
+#[tokio::test]
+#[ignore = "restarts a server: .ci/run runs it with the others of this file, one at a time"]
+async fn a_fast_shutdown_is_not_held_by_events_kafka_has_not_acknowledged() {
+    let (cluster, pool) = own_server().await;
+    let cluster = Arc::new(cluster);
     logs();
     let kafka = Kafka::mock();
     let mock = kafka.mock_cluster().expect("mock");
@@ -110,7 +79,7 @@ async fn a_fast_shutdown_is_not_held_by_events_kafka_has_not_acknowledged(pool: 
     let ids = outbox_tests::relay_kit::append_steps(&pool, &outbox, "held-shutdown", 20, "h").await;
     // Streamed and waiting for Kafka.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let took = restart_fast(&relay).await;
+    let took = restart_fast(&cluster, &relay).await;
     eprintln!("restarted (fast) in {:.1}s with the broker down", took.as_secs_f64());
     // The restart of an idle server takes 2-3 s here; the relay holding the shutdown until
     // its publisher gave up took 33 s.
@@ -128,9 +97,11 @@ async fn a_fast_shutdown_is_not_held_by_events_kafka_has_not_acknowledged(pool: 
 /// reader cannot see it (seen: the shutdown held until `wal_sender_timeout`, 60 s). The
 /// relay learns that the server is stopping from its other connections (SQLSTATE 57P01 and
 /// 57P03) and ends the stream.
-#[sqlx::test(migrations = false)]
-#[ignore = "restarts the PostgreSQL server: .ci/run runs it alone"]
-async fn a_fast_shutdown_is_not_held_by_a_full_memory_budget(pool: PgPool) {
+#[tokio::test]
+#[ignore = "restarts a server: .ci/run runs it with the others of this file, one at a time"]
+async fn a_fast_shutdown_is_not_held_by_a_full_memory_budget() {
+    let (cluster, pool) = own_server().await;
+    let cluster = Arc::new(cluster);
     logs();
     let kafka = Kafka::mock();
     let mock = kafka.mock_cluster().expect("mock");
@@ -150,7 +121,7 @@ async fn a_fast_shutdown_is_not_held_by_a_full_memory_budget(pool: PgPool) {
     }
     // Streamed up to the budget, the rest queued behind it.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let took = restart_fast(&relay).await;
+    let took = restart_fast(&cluster, &relay).await;
     eprintln!("restarted (fast) in {:.1}s with the broker down and the budget full", took.as_secs_f64());
     assert!(took < Duration::from_secs(15), "the shutdown waited {took:?} for the relay");
     mock.broker_up(1).expect("broker up");
@@ -167,9 +138,10 @@ async fn a_fast_shutdown_is_not_held_by_a_full_memory_budget(pool: PgPool) {
 /// its own is in flight), so its slot keeps little of that WAL; a slot no relay reads, set
 /// up beside it, keeps all of it (the control: what an outbox relay that confirmed only its
 /// own commits would cost).
-#[sqlx::test(migrations = false)]
-#[ignore = "writes 1.25 GB of WAL on the server: .ci/run runs it alone"]
-async fn an_idle_outbox_on_a_busy_server_does_not_keep_its_wal(pool: PgPool) {
+#[tokio::test]
+#[ignore = "writes 1.25 GB of WAL: .ci/run runs it with the others of this file, one at a time"]
+async fn an_idle_outbox_on_a_busy_server_does_not_keep_its_wal() {
+    let (cluster, pool) = own_server().await;
     let kafka = Kafka::start();
     kafka.create_topic(TOPIC, 1).await;
     let outbox = migrate(&pool).await;
@@ -189,10 +161,10 @@ async fn an_idle_outbox_on_a_busy_server_does_not_keep_its_wal(pool: PgPool) {
         .expect("control slot");
     let relay = slot.start(&pool, &outbox, quick(&kafka));
 
-    // Another database: the server-wide `test`, in a table of this run's own.
+    // Another database of the server.
     let other = PgPoolOptions::new()
         .max_connections(1)
-        .connect(&outbox_tests::db::base_url())
+        .connect(&cluster.url("postgres"))
         .await
         .expect("the other database");
     let table = format!("cdc_filler_{}", Uuid::new_v4().simple());
@@ -306,9 +278,11 @@ async fn an_idle_outbox_on_a_busy_server_does_not_keep_its_wal(pool: PgPool) {
 /// Test 6. PostgreSQL restarted, in fast and then immediate mode, while events are appended
 /// and streamed: the relay reconnects and sends what was not confirmed again; every event
 /// whose append committed is published, in order per aggregate.
-#[sqlx::test(migrations = false)]
-#[ignore = "restarts the PostgreSQL server: .ci/run runs it alone"]
-async fn postgres_restarted_fast_and_immediate_mid_stream_loses_nothing(pool: PgPool) {
+#[tokio::test]
+#[ignore = "restarts a server: .ci/run runs it with the others of this file, one at a time"]
+async fn postgres_restarted_fast_and_immediate_mid_stream_loses_nothing() {
+    let (cluster, pool) = own_server().await;
+    let cluster = Arc::new(cluster);
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
@@ -326,7 +300,9 @@ async fn postgres_restarted_fast_and_immediate_mid_stream_loses_nothing(pool: Pg
     for mode in ["fast", "immediate"] {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let (before, started) = (rows_in(&pool, "published").await, Instant::now());
-        tokio::task::spawn_blocking(move || restart_postgres(mode)).await.expect("restart");
+        let restarting = Arc::clone(&cluster);
+        let restarted = tokio::task::spawn_blocking(move || restarting.restart(mode)).await.expect("restart");
+        assert!(restarted, "PostgreSQL restarted ({mode}): {}", cluster.log());
         eprintln!("restarted ({mode}) in {:.1}s with {before} published", started.elapsed().as_secs_f64());
     }
     let (committed, failed_appends) = appender.await.expect("appender");

@@ -6,16 +6,16 @@
 //! event.
 //!
 //! It sets `max_slot_wal_keep_size`, a server-wide setting that would lose the slots of
-//! tests running beside it, so it is ignored by default and `.ci/run` runs it alone
-//! (`cargo test -p outbox-tests --test cdc_slot_lost -- --ignored`); it sets the setting
-//! back whether it passes or not.
+//! tests running beside it, so it runs on a server of its own, thrown away after it.
 
 use std::time::Duration;
 
 use outbox_runtime::cdc::CdcRelay;
 use outbox_runtime::{CancellationToken, Error};
 use outbox_tests::cdc_kit::{ours, Slot};
+use outbox_tests::db::test_database;
 use outbox_tests::kafka::Kafka;
+use outbox_tests::pg_server::Cluster;
 use outbox_tests::relay_kit::{append_steps, TOPIC};
 use outbox_tests::running::{quick, start};
 use outbox_tests::{eventually, migrate, rows_in};
@@ -44,20 +44,13 @@ async fn write_wal(pool: &PgPool, mb: i64) {
     sqlx::query("SELECT pg_switch_wal()").execute(pool).await.expect("switch");
 }
 
-#[sqlx::test(migrations = false)]
-#[ignore = "sets max_slot_wal_keep_size server-wide: .ci/run runs it alone"]
-async fn a_relay_down_retains_wal_then_catches_up_and_a_lost_slot_is_backfilled(pool: PgPool) {
+#[tokio::test]
+async fn a_relay_down_retains_wal_then_catches_up_and_a_lost_slot_is_backfilled() {
+    let cluster = Cluster::streaming().expect("a server of the test's own");
+    let pool = test_database(&cluster.server()).await;
     let outbox = migrate(&pool).await;
     let slot = Slot::setup(&pool, &outbox).await;
-    // On a task of its own, so that the setting is set back after a failure too (a local
-    // one: the mock cluster is not Send).
-    let local = tokio::task::LocalSet::new();
-    let task = local.spawn_local(run(pool.clone(), outbox, slot));
-    let result = local.run_until(task).await;
-    keep_size(&pool, "-1").await;
-    if let Err(panic) = result {
-        std::panic::resume_unwind(panic.into_panic());
-    }
+    run(pool, outbox, slot).await;
 }
 
 async fn run(pool: PgPool, outbox: outbox_runtime::Outbox, slot: Slot) {

@@ -1,21 +1,21 @@
 //! The change-data-capture relay on a server whose `wal_level` is not `logical`: setup and
-//! start fail with `Error::Config` naming the fix. Needs the server at `wal_level =
-//! replica`, which takes a restart: `.ci/run` sets it, runs this test
-//! (`cargo test -p outbox-tests --test cdc_wal_level -- --ignored`) and sets `logical`
-//! back. Run against a server at `logical` it fails, saying so, instead of passing.
+//! start fail with `Error::Config` naming the fix. On the server at `DATABASE_URL` when it
+//! is at `replica` (PostgreSQL as installed), else on a server of the test's own at
+//! `replica`.
 
 use outbox_runtime::cdc::{CdcConfig, CdcRelay};
 use outbox_runtime::{CancellationToken, Error};
 use outbox_tests::kafka::Kafka;
+use outbox_tests::pg_server::with_wal_level;
 use outbox_tests::running::quick;
 use outbox_tests::{database_url, migrate};
-use sqlx::PgPool;
 
-#[sqlx::test(migrations = false)]
-#[ignore = "needs the server at wal_level = replica (a restart): .ci/run runs it"]
-async fn setup_and_start_refuse_a_wal_level_below_logical(pool: PgPool) {
+#[tokio::test]
+async fn setup_and_start_refuse_a_wal_level_below_logical() {
+    let server = with_wal_level("replica").expect("a server at wal_level = replica");
+    let pool = outbox_tests::db::test_database(&server).await;
     let level: String = sqlx::query_scalar("SHOW wal_level").fetch_one(&pool).await.expect("wal_level");
-    assert_eq!(level, "replica", "this test needs the server at wal_level = replica (.ci/run sets it)");
+    assert_eq!(level, "replica", "the server of {server}");
     let outbox = migrate(&pool).await;
     let cdc = CdcConfig::new(database_url(&pool)).slot("outbox_wal_level").publication("outbox_wal_level");
     for error in [

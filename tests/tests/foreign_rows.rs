@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use outbox_runtime::Outbox;
-use outbox_tests::cdc_kit::Slot;
+use outbox_tests::cdc_kit::{self, Slot};
 use outbox_tests::kafka::{Kafka, Record};
 use outbox_tests::relay_kit::{append_steps, has_all, TOPIC};
 use outbox_tests::running::{quick, start, Running};
@@ -109,8 +109,9 @@ async fn the_polling_relay_parks_a_created_at_cloudevents_cannot_carry(pool: PgP
     check(&pool, &outbox, &kafka, relay).await;
 }
 
-#[sqlx::test(migrations = false)]
-async fn the_cdc_relay_parks_a_created_at_cloudevents_cannot_carry(pool: PgPool) {
+#[tokio::test]
+async fn the_cdc_relay_parks_a_created_at_cloudevents_cannot_carry() {
+    let pool = cdc_kit::database().await;
     let kafka = Kafka::start();
     kafka.create_topic(TOPIC, 3).await;
     let outbox = migrate(&pool).await;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use outbox_runtime::ops::Overview;
 use outbox_runtime::relay::{ClaimMode, Relay};
 use outbox_runtime::{AppendOptions, CancellationToken, NewEvent, Outbox, OutboxEvent};
-use outbox_tests::cdc_kit::Slot;
+use outbox_tests::cdc_kit::{self, Slot};
 use outbox_tests::kafka::Kafka;
 use outbox_tests::running::{quick, start, Running};
 use outbox_tests::{database_url, eventually, migrate, rows_in};
@@ -170,8 +170,9 @@ async fn relays_holding_locks_count_a_batch_in_flight_until_its_transaction_ends
 
 /// The stream's events are in flight from the stream until marked, through the retries the
 /// broker's outage causes; the table path's relay reports them with its own.
-#[sqlx::test(migrations = false)]
-async fn the_change_data_capture_relay_counts_streamed_events_in_flight(pool: PgPool) {
+#[tokio::test]
+async fn the_change_data_capture_relay_counts_streamed_events_in_flight() {
+    let pool = cdc_kit::database().await;
     let (kafka, outbox) = broker_down(&pool).await;
     let slot = Slot::setup(&pool, &outbox).await;
     let running = slot.start(&pool, &outbox, slow(&kafka));

@@ -5,7 +5,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use outbox_runtime::{AppendOptions, NewEvent, OutboxEvent};
-use outbox_tests::cdc_kit::Slot;
+use outbox_tests::cdc_kit::{self, Slot};
 use outbox_tests::kafka::Kafka;
 use outbox_tests::{database_url, migrate, rows_in, Rng};
 use schemars::JsonSchema;
@@ -102,8 +102,9 @@ async fn relays_killed_at_random_keep_hot_aggregates_in_order(pool: PgPool) {
 /// The change-data-capture relay's processes killed at random: one streams, two stand by
 /// and take the slot over; what was not confirmed is streamed again. Nothing lost, order
 /// per aggregate kept (test 5 of the design: takeovers after kill -9, 0 order violations).
-#[sqlx::test(migrations = false)]
-async fn streaming_relays_killed_at_random_lose_nothing_and_keep_per_aggregate_order(pool: PgPool) {
+#[tokio::test]
+async fn streaming_relays_killed_at_random_lose_nothing_and_keep_per_aggregate_order() {
+    let pool = cdc_kit::database().await;
     // At least 6,000 events: a stream drains 2,000 in about a second, too fast for the
     // kills to land on the streaming process.
     kill_run(pool, 200, versions().max(30), Model::Cdc).await;

@@ -6,13 +6,16 @@
 //! is checked: every confirmed order has exactly one applied effect in the projection.
 //!
 //! `--cdc` runs the change-data-capture relay instead (a slot of its own, dropped at the
-//! end): one relay process streams, the other stands by and takes over.
+//! end): one relay process streams, the other stands by and takes over. It needs a server
+//! at `wal_level = logical`: the one at `DATABASE_URL` when it is, else a server of the
+//! run's own started from the installed binaries (`outbox_tests::pg_server`), which is the
+//! one restarted.
 //!
 //! The PostgreSQL restart runs `pg_ctlcluster --skip-systemctl-redirect VERSION main
 //! restart` (the one cluster under `/etc/postgresql`), or the shell command in
 //! `OUTBOX_CHAOS_PG_RESTART`; `--no-pg-restart` leaves it out (a database this machine
 //! cannot restart). Without either, a machine that cannot restart it is an error, not a
-//! silently skipped fault.
+//! silently skipped fault. A server of the run's own is restarted with `pg_ctl`.
 //!
 //! The last line printed is JSON:
 //! `{"relay":"polling","events":N,"published":..,"applied":..,"lost":0,"applied_twice":0,"duplicates_absorbed":..,"kills":..,"pg_restarts":1}`;
@@ -24,11 +27,13 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use outbox_tests::db::fresh_databases;
+use outbox_tests::db::fresh_databases_on;
 use outbox_tests::kafka::Kafka;
+use outbox_tests::pg_server::{self, Cluster};
 use outbox_tests::{Failure, Rng};
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
@@ -47,8 +52,8 @@ pub(crate) struct ChaosArgs {
     /// Do not restart PostgreSQL during the faults.
     #[arg(long)]
     no_pg_restart: bool,
-    /// Run the change-data-capture relay (a replication slot of its own, `outbox_chaos`;
-    /// needs wal_level = logical) instead of the polling relay: one relay process streams,
+    /// Run the change-data-capture relay (a replication slot of its own, `outbox_chaos`, on
+    /// a server at wal_level = logical: DATABASE_URL's, or one of the run's own) instead of the polling relay: one relay process streams,
     /// the other stands by, and each kill of the streaming one is a takeover.
     #[arg(long)]
     cdc: bool,
@@ -59,8 +64,8 @@ const SLOT: &str = "outbox_chaos";
 
 /// Drops the chaos run's slot if it exists (a database with a slot cannot be dropped, and
 /// a slot left behind keeps WAL on the server).
-async fn drop_slot() -> Result<(), Failure> {
-    let admin = PgPoolOptions::new().max_connections(1).connect(&outbox_tests::db::base_url()).await?;
+async fn drop_slot(server: &str) -> Result<(), Failure> {
+    let admin = PgPoolOptions::new().max_connections(1).connect(&format!("{server}/postgres")).await?;
     sqlx::query("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL")
         .bind(SLOT)
         .execute(&admin)
@@ -104,14 +109,31 @@ fn pg_restart_command() -> Result<String, Failure> {
     }
 }
 
+/// How the run's PostgreSQL is restarted.
+enum Restart {
+    /// The server at `DATABASE_URL`, by a shell command.
+    Command(String),
+    /// A server of the run's own.
+    Own(Arc<Cluster>),
+}
+
 /// Restarts PostgreSQL; returns how long it took.
-async fn restart_postgres(command: &str) -> Result<Duration, Failure> {
+async fn restart_postgres(restart: &Restart) -> Result<Duration, Failure> {
     let started = Instant::now();
-    let command = command.to_owned();
-    let status =
-        tokio::task::spawn_blocking(move || Command::new("sh").args(["-c", &command]).status()).await??;
-    if !status.success() {
-        return Err(format!("restarting PostgreSQL failed: {status}").into());
+    let restarted = match restart {
+        Restart::Command(command) => {
+            let command = command.clone();
+            tokio::task::spawn_blocking(move || Command::new("sh").args(["-c", &command]).status())
+                .await??
+                .success()
+        }
+        Restart::Own(cluster) => {
+            let cluster = Arc::clone(cluster);
+            tokio::task::spawn_blocking(move || cluster.restart("fast")).await?
+        }
+    };
+    if !restarted {
+        return Err("restarting PostgreSQL failed".into());
     }
     Ok(started.elapsed())
 }
@@ -210,11 +232,28 @@ fn verdict(confirmed: &[Uuid], projected: &[(Uuid, i32)]) -> Verdict {
 async fn chaos(args: ChaosArgs) -> Result<bool, Failure> {
     let seed = args.seed.unwrap_or_else(Rng::clock_seed);
     let mut rng = Rng::seeded(seed);
-    let pg_restart = if args.no_pg_restart { None } else { Some(pg_restart_command()?) };
+    let main = outbox_tests::db::base_url();
+    // Kept until the run ends: its server stops when it is dropped.
+    let own = if args.cdc && pg_server::wal_level(&main)? != "logical" {
+        let cluster = Arc::new(Cluster::streaming()?);
+        println!(
+            "chaos: {main} is not at wal_level = logical: a server of the run's own at {}",
+            cluster.server()
+        );
+        Some(cluster)
+    } else {
+        None
+    };
+    let server = own.as_ref().map_or_else(|| pg_server::server_of(&main).to_owned(), |c| c.server());
+    let pg_restart = match (&own, args.no_pg_restart) {
+        (_, true) => None,
+        (Some(cluster), false) => Some(Restart::Own(Arc::clone(cluster))),
+        (None, false) => Some(Restart::Command(pg_restart_command()?)),
+    };
     let bin = binaries()?;
-    drop_slot().await?;
+    drop_slot(&server).await?;
     let [orders_url, projection_url] =
-        fresh_databases(["outbox_chaos_orders", "outbox_chaos_projection"]).await?;
+        fresh_databases_on(&server, ["outbox_chaos_orders", "outbox_chaos_projection"]).await?;
     let orders_db = PgPoolOptions::new().max_connections(4).connect(&orders_url).await?;
     let projection_db = PgPoolOptions::new().max_connections(4).connect(&projection_url).await?;
 
@@ -304,7 +343,7 @@ async fn chaos(args: ChaosArgs) -> Result<bool, Failure> {
     while Instant::now() < faults_end {
         tokio::time::sleep(Duration::from_millis(rng.range(300, 1500))).await;
         if let Some(command) =
-            pg_restart.as_deref().filter(|_| pg_restarts == 0 && Instant::now() >= restart_at)
+            pg_restart.as_ref().filter(|_| pg_restarts == 0 && Instant::now() >= restart_at)
         {
             let took = restart_postgres(command).await?;
             pg_restarts += 1;
@@ -326,7 +365,7 @@ async fn chaos(args: ChaosArgs) -> Result<bool, Failure> {
             println!("chaos: {kills} kills so far ({} killed last)", victim.name);
         }
     }
-    if let Some(command) = pg_restart.as_deref().filter(|_| pg_restarts == 0) {
+    if let Some(command) = pg_restart.as_ref().filter(|_| pg_restarts == 0) {
         // The faults ended before the moment drawn for the restart (short --seconds).
         let took = restart_postgres(command).await?;
         pg_restarts += 1;
@@ -404,7 +443,7 @@ async fn chaos(args: ChaosArgs) -> Result<bool, Failure> {
     let Verdict { applied, lost, applied_twice } = verdict(&confirmed, &projected);
     let (in_topic, distinct) = topic_counts(&kafka, "orders", "order.confirmed")?;
     if args.cdc {
-        drop_slot().await?;
+        drop_slot(&server).await?;
     }
     let line = format!(
         "{{\"relay\":\"{}\",\"events\":{},\"published\":{published},\"applied\":{},\"lost\":{lost},\"applied_twice\":{applied_twice},\"duplicates_absorbed\":{},\"kills\":{kills},\"pg_restarts\":{pg_restarts}}}",

@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use outbox_examples::orders;
 use outbox_runtime::Outbox;
-use outbox_tests::db::fresh_databases;
+use outbox_tests::db::{fresh_databases, fresh_databases_on};
+use outbox_tests::pg_server::{self, Cluster};
 use outbox_tests::Failure;
 use serde_json::Value;
 use sqlx::postgres::PgPoolOptions;
@@ -298,7 +299,20 @@ async fn bench(args: &BenchArgs, tansu: Option<&Tansu>) -> Result<(), Failure> {
         progress("claim backlog", started);
     }
     if run("cdc") {
-        cdc_throughput(&pool, &url, &outbox, sizes, &mut figures).await?;
+        // On a server that streams: this one, or one of the bench's own (PostgreSQL as
+        // installed runs at wal_level = replica); both models are measured there.
+        if pg_server::wal_level(&url)? == "logical" {
+            cdc_throughput(&pool, &url, &outbox, sizes, &mut figures).await?;
+        } else {
+            let cluster = Cluster::streaming()?;
+            let [url] = fresh_databases_on(&cluster.server(), ["outbox_bench"]).await?;
+            println!("  change data capture on a server of the bench's own at wal_level = logical: {url}");
+            let streaming = PgPoolOptions::new().max_connections(16).connect(&url).await?;
+            outbox.migrator().run(&streaming).await?;
+            orders::MIGRATOR.run(&streaming).await?;
+            cdc_throughput(&streaming, &url, &outbox, sizes, &mut figures).await?;
+            streaming.close().await;
+        }
         progress("change data capture", started);
     }
     if run("retention") {
