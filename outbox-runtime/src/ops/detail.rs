@@ -45,13 +45,14 @@ pub struct Payload {
     pub truncated: bool,
 }
 
-/// Failed events of one cause: topic and reason with its ids and numbers left out.
+/// Failed events of one cause: topic and reason with the values of one occurrence left out.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct FailureGroup {
     /// The topic of its events.
     pub topic: String,
-    /// The reason with ids and numbers left out (`<id>`, `<n>`): the group's key, and what
+    /// The reason with quoted text, e-mail addresses, ids, hex and base64 runs and numbers
+    /// left out (`<s>`, `<email>`, `<id>`, `<hex>`, `<token>`, `<n>`): the group's key, and what
     /// [`ActionFilter::cause`](crate::action::ActionFilter::cause) takes to act on it.
     pub cause: String,
     /// Its events' types, sorted.

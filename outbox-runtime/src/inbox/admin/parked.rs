@@ -141,13 +141,14 @@ pub struct ParkedPage {
     pub next: Option<i64>,
 }
 
-/// Parked messages of one cause: topic and reason with its ids and numbers left out.
+/// Parked messages of one cause: topic and reason with the values of one occurrence left out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct ParkedGroup {
     /// The topic they were read from.
     pub topic: String,
-    /// The reason with ids and numbers left out: the group's key, and what
+    /// The reason with quoted text, e-mail addresses, ids, hex and base64 runs and numbers
+    /// left out (`<s>`, `<email>`, `<id>`, `<hex>`, `<token>`, `<n>`): the group's key, and what
     /// [`ActionFilter::cause`](crate::action::ActionFilter::cause) takes to act on it.
     pub cause: String,
     /// Their event types, sorted (unreadable ones left out).
