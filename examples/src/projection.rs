@@ -55,10 +55,9 @@ impl RawHandler for ConfirmedOrders {
             Event::OrderConfirmed(OrderConfirmed::V1(e)) => {
                 record(tx, e.order_id, e.total_cents, "EUR", meta).await
             }
-            other => Err(HandlerError::permanent(format!(
-                "{} v{} is not for this projection: {other:?}",
-                meta.event_type, meta.schema_version
-            ))),
+            // Type, version and id only: formatting the event would put its payload in the
+            // parked reason, which operators list and the console shows.
+            _ => Err(HandlerError::unhandled(meta)),
         }
     }
 }

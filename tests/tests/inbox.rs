@@ -69,7 +69,9 @@ async fn malformed_messages_are_parked_with_reasons_and_other_keys_flow(pool: Pg
         &event_headers(Uuid::now_v7(), "test.unknown", None, Some("bad-3")),
     )
     .await;
-    s.produce("bad-4", b"{\"account\":\"bad-4\",\"amount\":\"four\"}", &ok("bad-4")).await;
+    // A value of the payload where the type wants another: the reason names where and what,
+    // never the value (serde's own message quotes it).
+    s.produce("bad-4", b"{\"account\":\"bad-4\",\"amount\":\"someone@example.com\"}", &ok("bad-4")).await;
     s.credit("bad-1", 5, None).await; // behind the parked record of its key
     s.credit("good", 7, None).await;
     // A type this consumer ignores on purpose is skipped, not parked.
@@ -111,7 +113,14 @@ async fn malformed_messages_are_parked_with_reasons_and_other_keys_flow(pool: Pg
          test.audit): to skip it on purpose, add `Handlers::ignore(\"test.unknown\")`; to apply it, register a \
          handler with `Handlers::on`"
     );
-    assert!(reason_of("bad-4", "parked").starts_with("payload does not decode as test.credit v1"));
+    let undecodable = reason_of("bad-4", "parked");
+    assert!(
+        undecodable.starts_with(
+            "payload does not decode as test.credit v1: at `amount`: invalid type: string, expected i64 (line 1, column"
+        ),
+        "{undecodable}"
+    );
+    assert!(!undecodable.contains("someone"), "no value of the payload in the reason: {undecodable}");
     assert!(reason_of("bad-1", "held").starts_with("held behind parked message"));
     assert_eq!(reason_of("bad-5", "parked"), "header ce_type contains a NUL byte: not storable as text");
     assert_eq!(reason_of("panic", "parked"), "handler panicked: the ledger cannot take account panic");

@@ -50,6 +50,18 @@ impl HandlerError {
         HandlerError::Permanent { reason: reason.to_string(), source: None }
     }
 
+    /// A permanent error for an event this handler does not handle (a catch-all arm): its
+    /// reason names the event's type, version and id, and nothing of its payload, so that it
+    /// is safe to record, list and show. Prefer it to formatting the decoded event into a
+    /// reason, which puts the payload's values (a customer's e-mail address) where
+    /// operators read.
+    pub fn unhandled(meta: &Meta) -> Self {
+        HandlerError::permanent(format!(
+            "not handled here: {} v{} (event {})",
+            meta.event_type, meta.schema_version, meta.event_id
+        ))
+    }
+
     /// The same error with `cause` as its source: `HandlerError::transient("ledger
     /// busy").with_source(io_error)`. The recorded reason then carries the cause's chain.
     #[must_use]
@@ -293,7 +305,7 @@ where
         meta: &'a Meta,
     ) -> BoxFuture<'a, Dispatch> {
         Box::pin(async move {
-            match serde_json::from_slice::<E>(payload) {
+            match super::decode::decode::<E>(payload) {
                 Ok(event) => Dispatch::Ran(self.handler.handle(tx, event, meta).await),
                 Err(error) => Dispatch::Undecodable(format!(
                     "payload does not decode as {} v{}: {error}",
@@ -476,5 +488,41 @@ mod error_tests {
         let error = HandlerError::from(sqlx::Error::RowNotFound);
         assert!(error.source().and_then(|e| e.downcast_ref::<sqlx::Error>()).is_some());
         assert_eq!(error, HandlerError::transient(sqlx::Error::RowNotFound));
+    }
+}
+
+#[cfg(test)]
+mod unhandled_tests {
+    use super::*;
+
+    /// A catch-all arm's error names the event and nothing of its payload (the README's
+    /// `format!("{other:?}")` put a customer's e-mail address into parked reasons).
+    #[test]
+    fn an_unhandled_event_is_named_by_type_version_and_id_only() {
+        let meta = Meta {
+            event_id: Uuid::from_u128(7),
+            id: "7".into(),
+            source: "/orders".into(),
+            dataschema: None,
+            structured: false,
+            event_type: "order.placed".into(),
+            schema_version: 3,
+            aggregate_type: Some("order".into()),
+            aggregate_id: Some("someone@example.com".into()),
+            aggregate_version: Some(2),
+            time: None,
+            topic: "orders".into(),
+            partition: 0,
+            offset: 9,
+            headers: BTreeMap::from([("x-customer".to_owned(), "someone@example.com".to_owned())]),
+            registry_schema: None,
+            consumer: Arc::from("billing"),
+        };
+        let error = HandlerError::unhandled(&meta);
+        assert!(!error.is_transient(), "parked, not retried");
+        assert_eq!(
+            error.reason_with_causes(),
+            "not handled here: order.placed v3 (event 00000000-0000-0000-0000-000000000007)"
+        );
     }
 }

@@ -36,6 +36,7 @@ mod budget;
 mod cleanup;
 mod config;
 mod consume;
+mod decode;
 mod failure;
 mod handler;
 mod lag;
