@@ -16,6 +16,9 @@
 //! [`InboxAdmin::retry_matching`]: crate::inbox::InboxAdmin::retry_matching
 //! [`InboxAdmin::discard_matching`]: crate::inbox::InboxAdmin::discard_matching
 
+mod cause;
+pub(crate) use cause::cause_sql;
+
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -213,32 +216,6 @@ impl ActionFilter {
 /// and until ([`epoch_micros`]), cause.
 pub(crate) type Binds =
     (Option<Vec<String>>, Option<String>, Option<String>, Option<i64>, Option<i64>, Option<String>);
-
-/// The cause of a failure, from its reason (an SQL expression of text): the reason with
-/// the values of one occurrence left out, so that failures of one cause on different
-/// events, offsets, attempts or payloads group together, at most 300 characters. In this
-/// order: quoted text (`"…"`, `` `…` ``, and `'…'` not inside a word) becomes `<s>`, e-mail
-/// addresses `<email>`, UUIDs `<id>`, runs of 8 or more hex digits with a letter and a digit
-/// `<hex>`, runs of 20 or more base64 characters with a letter and a digit `<token>`, and
-/// numbers `<n>`.
-pub(crate) fn cause_sql(reason: &str) -> String {
-    let mut sql = format!("coalesce({reason}, '')");
-    for (pattern, placeholder) in CAUSE_VALUES {
-        sql = format!("regexp_replace({sql}, '{pattern}', '{placeholder}', 'g')");
-    }
-    format!("left({sql}, 300)")
-}
-
-/// [`cause_sql`]'s replacements, as PostgreSQL advanced regular expressions (in SQL string
-/// literals: a quote is doubled), applied in this order.
-const CAUSE_VALUES: [(&str, &str); 6] = [
-    (r#""(?:[^"\\]|\\.)*"|`[^`]*`|(?<![A-Za-z0-9])''(?:[^''\\]|\\.)*''(?![A-Za-z0-9])"#, "<s>"),
-    (r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+", "<email>"),
-    (r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}", "<id>"),
-    (r"\m(?=[0-9a-fA-F]*[0-9])(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,}\M", "<hex>"),
-    (r"(?=[A-Za-z0-9+/_-]*[0-9])(?=[A-Za-z0-9+/_-]*[A-Za-z])[A-Za-z0-9+/_-]{20,}={0,2}", "<token>"),
-    ("[0-9]+", "<n>"),
-];
 
 /// An RFC 3339 UTC rendering of timestamp expression `t` (microseconds, `Z`).
 pub(crate) fn rfc3339(t: &str) -> String {

@@ -53,8 +53,9 @@ pub async fn fresh_databases_on<const N: usize>(
         .await
         .map_err(|e| format!("PostgreSQL at {admin_url}: {e}"))?;
     for name in names {
+        // Waits (up to 5 s) for each to end: an active slot cannot be dropped.
         sqlx::query(
-            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+            "SELECT pg_terminate_backend(active_pid, 5000) FROM pg_replication_slots \
              WHERE database = $1 AND active_pid IS NOT NULL",
         )
         .bind(name)
@@ -85,7 +86,13 @@ pub async fn test_database(server: &str) -> PgPool {
         .ok()
         .and_then(|exe| Some(exe.file_stem()?.to_str()?.rsplit_once('-')?.0.to_owned()))
         .unwrap_or_default();
-    let test = format!("{binary}::{}", std::thread::current().name().unwrap_or("test"));
+    // libtest names each test's thread after it; elsewhere (`main` with --test-threads=1
+    // on some platforms, a runtime's worker) a name of this call's own.
+    let thread = std::thread::current().name().map(str::to_owned);
+    let test = match thread {
+        Some(name) if name != "main" && !name.starts_with("tokio-") => format!("{binary}::{name}"),
+        _ => format!("{binary}::{}", uuid::Uuid::new_v4().simple()),
+    };
     let name = test_database_name(&test);
     let [url] =
         fresh_databases_on(server, [name.as_str()]).await.unwrap_or_else(|e| panic!("database {name}: {e}"));

@@ -7,7 +7,8 @@
 //! `/usr/lib/postgresql/*/bin`. It is `initdb` into a directory of its own under the
 //! temporary directory, on a free port of 127.0.0.1, trust authentication, superuser
 //! `postgres`. `initdb` refuses root, so as root the cluster runs as the `postgres` user
-//! (through `runuser`).
+//! (through `runuser`). `OUTBOX_PG_DIR` puts the clusters elsewhere than the temporary
+//! directory.
 //!
 //! A watchdog shell owns the cluster: it stops the server (immediate mode) and removes its
 //! directory when its standard input closes, that is when the [`Cluster`] is dropped or the
@@ -18,6 +19,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -27,16 +29,19 @@ use crate::Failure;
 /// close, stop, remove. Arguments: directory, port, bindir, settings (postgresql.conf lines).
 const WATCHDOG: &str = r#"
 dir=$1; port=$2; bindir=$3; settings=$4
+# The parent gone while starting: `ready` must not kill the shell before its cleanup.
+trap '' PIPE
 cleanup() { "$bindir/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null 2>&1; rm -rf "$dir"; }
 if ! "$bindir/initdb" -D "$dir/data" -U postgres --auth=trust --no-sync -E UTF8 --locale=C >"$dir/initdb.log" 2>&1; then
   cat "$dir/initdb.log" >&2; rm -rf "$dir"; exit 1
 fi
-printf '%s\n' "port = $port" "listen_addresses = '127.0.0.1'" "unix_socket_directories = '$dir'" "$settings" \
+# TCP only: a socket path is limited to 107 bytes, and the temporary directory may be long.
+printf '%s\n' "port = $port" "listen_addresses = '127.0.0.1'" "unix_socket_directories = ''" "$settings" \
   >>"$dir/data/postgresql.conf"
 if ! "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null 2>&1; then
   cat "$dir/server.log" >&2; cleanup; exit 1
 fi
-echo ready
+echo ready || { cleanup; exit 1; }
 cat >/dev/null
 cleanup
 "#;
@@ -67,18 +72,28 @@ impl Cluster {
     pub fn start(settings: &[(&str, &str)]) -> Result<Cluster, Failure> {
         let bindir = bindir()?;
         let as_postgres = is_root();
-        let conf: Vec<String> = settings.iter().map(|(name, value)| format!("{name} = '{value}'")).collect();
+        let conf: Vec<String> = settings
+            .iter()
+            .map(|(name, value)| format!("{name} = '{}'", value.replace('\\', "\\\\").replace('\'', "''")))
+            .collect();
         let mut last = String::new();
         // A port found free can be taken before the server binds it: a few tries.
         for _ in 0..3 {
             let port = free_port()?;
-            let dir = std::env::temp_dir().join(format!("outbox-pg-{}-{port}", std::process::id()));
+            static STARTED: AtomicUsize = AtomicUsize::new(0);
+            let name = format!(
+                "outbox-pg-{}-{}-{port}",
+                std::process::id(),
+                STARTED.fetch_add(1, Ordering::Relaxed)
+            );
+            let dir = parent().join(&name);
             std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
             if as_postgres {
                 run(Command::new("chown").arg("postgres:").arg(&dir))?;
             }
-            let log = std::fs::File::create(dir.join("watchdog.log"))
-                .map_err(|e| format!("{}: {e}", dir.display()))?;
+            // Beside the directory, which a failed start removes.
+            let log_path = parent().join(format!("{name}.log"));
+            let log = std::fs::File::create(&log_path).map_err(|e| format!("{}: {e}", log_path.display()))?;
             let mut command = postgres_command(as_postgres, "sh");
             command
                 .args(["-c", WATCHDOG, "outbox-pg"])
@@ -89,6 +104,9 @@ impl Cluster {
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::from(log))
+                // initdb and pg_ctl (PostgreSQL 15 and before) go back to the directory they
+                // start in, which the postgres user may not enter (a checkout under /root).
+                .current_dir(&dir)
                 // Its own process group: a Ctrl-C to the tests reaches the server through
                 // the watchdog's cleanup, not the watchdog's death.
                 .process_group(0);
@@ -97,12 +115,14 @@ impl Cluster {
             let stdout = watchdog.stdout.take().expect("piped");
             let _ = BufReader::new(stdout).read_line(&mut ready);
             if ready.trim() == "ready" {
+                let _ = std::fs::remove_file(&log_path);
                 PORTS.lock().expect("ports").push(port);
                 let stdin = watchdog.stdin.take();
                 return Ok(Cluster { port, dir, bindir, as_postgres, stdin, watchdog });
             }
             let _ = watchdog.wait();
-            last = std::fs::read_to_string(dir.join("watchdog.log")).unwrap_or_default();
+            last = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let _ = std::fs::remove_file(&log_path);
             let _ = std::fs::remove_dir_all(&dir);
         }
         Err(format!(
@@ -160,6 +180,7 @@ impl Cluster {
         let data = self.dir.join("data");
         let log = self.dir.join("server.log");
         postgres_command(self.as_postgres, self.bindir.join("pg_ctl"))
+            .current_dir(&self.dir)
             .args(args)
             .arg("-D")
             .arg(&data)
@@ -236,6 +257,12 @@ pub fn wal_level(url: &str) -> Result<String, Failure> {
     .join()
     .map_err(|_| "reading wal_level panicked")?
     .map_err(Into::into)
+}
+
+/// Where clusters are made: `OUTBOX_PG_DIR`, else the temporary directory. Their WAL goes
+/// there too (a test keeps 1.25 GB of it): point it at a disk, not a small tmpfs.
+fn parent() -> PathBuf {
+    std::env::var_os("OUTBOX_PG_DIR").map_or_else(std::env::temp_dir, PathBuf::from)
 }
 
 /// The server binaries' directory (`initdb`, `pg_ctl`).

@@ -116,7 +116,7 @@ async fn malformed_messages_are_parked_with_reasons_and_other_keys_flow(pool: Pg
     let undecodable = reason_of("bad-4", "parked");
     assert!(
         undecodable.starts_with(
-            "payload does not decode as test.credit v1: at `amount`: invalid type: string, expected i64 (line 1, column"
+            "payload does not decode as test.credit v1: at amount: invalid type: string, expected i64 (line 1, column"
         ),
         "{undecodable}"
     );

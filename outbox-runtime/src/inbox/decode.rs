@@ -54,53 +54,69 @@ fn describe(path: &str, error: &serde_json::Error) -> String {
     let text = error.to_string();
     let position = format!(" at line {} column {}", error.line(), error.column());
     let message = text.strip_suffix(&position).unwrap_or(&text);
-    let at = if path == "." || path.is_empty() { "the top level".to_owned() } else { format!("`{path}`") };
+    // The path bare: the failure groups leave quoted text out as a value.
+    let at = if path == "." || path.is_empty() { "the top level" } else { path };
     format!("at {at}: {} (line {}, column {})", without_values(message), error.line(), error.column())
 }
 
 /// serde's message with what it quotes of the input left out: `invalid type: string
 /// "someone@example.com", expected u64` becomes `invalid type: string, expected u64`,
 /// `unknown variant `Bitcoin`, expected one of `Card`, `Iban`` becomes `unknown variant,
-/// expected one of `Card`, `Iban``. What follows `expected` comes from the type, not the
-/// input, and is kept, as are the field names of `missing field` and `duplicate field`
-/// (the type's own).
+/// expected one of `Card`, `Iban``. What follows `expected` (outside a quoted value) comes
+/// from the type, not the input, and is kept, as are the field names of `missing field` and
+/// `duplicate field` (the type's own).
 pub(crate) fn without_values(message: &str) -> String {
     if message.starts_with("missing field") || message.starts_with("duplicate field") {
         return message.to_owned();
     }
-    let (head, tail) = match message.find(", expected") {
-        Some(at) => message.split_at(at),
-        None => (message, ""),
-    };
+    // serde quotes an unknown variant or field in backticks without escaping it: the value
+    // ends at the last "`, expected" or "`, there are no", whatever it holds.
+    for kind in ["unknown variant", "unknown field"] {
+        if message.starts_with(kind) {
+            let tail = ["`, expected", "`, there are no"]
+                .iter()
+                .filter_map(|end| message.rfind(end).map(|at| &message[at + 1..]))
+                .max_by_key(|tail| std::cmp::Reverse(tail.len()))
+                .unwrap_or("");
+            return format!("{kind}{tail}");
+        }
+    }
     let mut out = String::with_capacity(message.len());
-    let mut chars = head.chars().peekable();
-    while let Some(c) = chars.next() {
+    let mut rest = message;
+    while let Some(c) = rest.chars().next() {
+        if rest.starts_with(", expected") {
+            // The type's side, outside any value.
+            out.push_str(rest);
+            break;
+        }
+        rest = &rest[c.len_utf8()..];
         match c {
             '"' => {
                 // A JSON string as serde_json renders it, escapes included.
-                while let Some(c) = chars.next() {
+                let mut chars = rest.char_indices();
+                let mut end = rest.len();
+                while let Some((i, c)) = chars.next() {
                     match c {
                         '\\' => {
                             chars.next();
                         }
-                        '"' => break,
+                        '"' => {
+                            end = i + 1;
+                            break;
+                        }
                         _ => {}
                     }
                 }
+                rest = &rest[end..];
                 trim_space(&mut out);
             }
             '`' => {
-                for c in chars.by_ref() {
-                    if c == '`' {
-                        break;
-                    }
-                }
+                rest = rest.find('`').map_or("", |end| &rest[end + 1..]);
                 trim_space(&mut out);
             }
             _ => out.push(c),
         }
     }
-    out.push_str(tail);
     out
 }
 
@@ -165,34 +181,34 @@ mod tests {
         let cases = [
             (
                 order(&format!(r#"{{"email":"a@b.c","age":"{SECRET}"}}"#), "[]", r#""Card""#),
-                "at `customer.age`: invalid type: string, expected u8",
+                "at customer.age: invalid type: string, expected u8",
             ),
             (
                 order(ok_customer, &format!(r#"[{{"sku":"s","quantity":"{SECRET}"}}]"#), r#""Card""#),
-                "at `lines[0].quantity`: invalid type: string, expected u32",
+                "at lines[0].quantity: invalid type: string, expected u32",
             ),
             (
                 order(ok_customer, "[]", &format!(r#""{SECRET}""#)),
-                "at `payment`: unknown variant, expected `Card` or `Iban`",
+                "at payment: unknown variant, expected `Card` or `Iban`",
             ),
             (
                 order(&format!(r#"{{"email":"a@b.c","age":3,"{SECRET}":1}}"#), "[]", r#""Card""#),
-                "at `customer`: unknown field, expected `email` or `age`",
+                "at customer: unknown field, expected `email` or `age`",
             ),
-            (order(r#"{"email":"a@b.c"}"#, "[]", r#""Card""#), "at `customer`: missing field `age`"),
+            (order(r#"{"email":"a@b.c"}"#, "[]", r#""Card""#), "at customer: missing field `age`"),
             (
                 order(ok_customer, "[]", r#""Card""#).replace(r#""id":7"#, r#""id":-7"#),
-                "at `id`: invalid value: integer, expected u64",
+                "at id: invalid value: integer, expected u64",
             ),
             (
                 order(ok_customer, "[]", r#""Card""#)
                     .replace(r#""tags":{}"#, &format!(r#""tags":{{"t":"{SECRET}\"x"}}"#)),
-                "at `tags.t`: invalid type: string, expected u32",
+                "at tags.t: invalid type: string, expected u32",
             ),
             (
                 order(ok_customer, "[]", r#""Card""#)
                     .replace(r#""tags":{}"#, &format!(r#""tags":{{"{SECRET}":"x"}}"#)),
-                "at `tags.<key>`: invalid type: string, expected u32",
+                "at tags.<key>: invalid type: string, expected u32",
             ),
             (
                 format!("{} trailing", order(ok_customer, "[]", r#""Card""#)),
