@@ -475,8 +475,76 @@ pub enum Event {
     OrderPlaced(OrderPlaced),
     PaymentCaptureRequested(PaymentCaptureRequested),
 }
-/// Why a payload could not be decoded.
-#[derive(Debug)]
+/// serde_json's messages without the payload's values (a copy of the outbox
+/// runtime's, so that this file needs no more crates).
+mod decode_error_text {
+    /// serde's message with what it quotes of the input left out: `invalid type: string
+    /// "someone@example.com", expected u64` becomes `invalid type: string, expected u64`,
+    /// `unknown variant `Bitcoin`, expected one of `Card`, `Iban`` becomes `unknown variant,
+    /// expected one of `Card`, `Iban``. What follows `expected` (outside a quoted value) comes
+    /// from the type, not the input, and is kept, as are the field names of `missing field` and
+    /// `duplicate field` (the type's own).
+    pub(crate) fn without_values(message: &str) -> String {
+        if message.starts_with("missing field") || message.starts_with("duplicate field")
+        {
+            return message.to_owned();
+        }
+        for kind in ["unknown variant", "unknown field"] {
+            if message.starts_with(kind) {
+                let tail = ["`, expected", "`, there are no"]
+                    .iter()
+                    .filter_map(|end| message.rfind(end).map(|at| &message[at + 1..]))
+                    .max_by_key(|tail| std::cmp::Reverse(tail.len()))
+                    .unwrap_or("");
+                return format!("{kind}{tail}");
+            }
+        }
+        let mut out = String::with_capacity(message.len());
+        let mut rest = message;
+        while let Some(c) = rest.chars().next() {
+            if rest.starts_with(", expected") {
+                out.push_str(rest);
+                break;
+            }
+            rest = &rest[c.len_utf8()..];
+            match c {
+                '"' => {
+                    let mut chars = rest.char_indices();
+                    let mut end = rest.len();
+                    while let Some((i, c)) = chars.next() {
+                        match c {
+                            '\\' => {
+                                chars.next();
+                            }
+                            '"' => {
+                                end = i + 1;
+                                break;
+                            }
+                            _ => {}
+                        }
+                    }
+                    rest = &rest[end..];
+                    trim_space(&mut out);
+                }
+                '`' => {
+                    rest = rest.find('`').map_or("", |end| &rest[end + 1..]);
+                    trim_space(&mut out);
+                }
+                _ => out.push(c),
+            }
+        }
+        out
+    }
+    /// Drops the space before a value left out.
+    fn trim_space(out: &mut String) {
+        if out.ends_with(' ') {
+            out.pop();
+        }
+    }
+}
+/// Why a payload could not be decoded. Its `Display` and `Debug` name the kind of
+/// mismatch and where (line and column), never a value of the payload, so that it
+/// can be a recorded reason (`HandlerError::permanent`).
 pub enum DecodeError {
     /// No committed schema for this (event_type, schema_version).
     Unknown {
@@ -491,7 +559,8 @@ pub enum DecodeError {
         event_type: String,
         /// The schema version.
         schema_version: u32,
-        /// What serde_json said.
+        /// What serde_json said. Its message quotes the payload's values: for code,
+        /// never for a reason or a log line.
         source: serde_json::Error,
     },
 }
@@ -505,14 +574,31 @@ impl std::fmt::Display for DecodeError {
                 )
             }
             DecodeError::Payload { event_type, schema_version, source } => {
+                let text = source.to_string();
+                let position = format!(
+                    " at line {} column {}", source.line(), source.column()
+                );
+                let message = text.strip_suffix(position.as_str()).unwrap_or(&text);
                 write!(
-                    f,
-                    "payload does not decode as {event_type} v{schema_version}: {source}"
-                )
+                    f, "payload does not decode as {event_type} v{schema_version}: {}",
+                    decode_error_text::without_values(message)
+                )?;
+                if source.line() > 0 {
+                    write!(f, " (line {}, column {})", source.line(), source.column())?;
+                }
+                Ok(())
             }
         }
     }
 }
+/// As `Display`: serde_json's own message would carry the payload's values.
+impl std::fmt::Debug for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("DecodeError").field(&self.to_string()).finish()
+    }
+}
+/// No `source()`: an error chain (`HandlerError::with_source`) would print
+/// serde_json's message, values included.
 impl std::error::Error for DecodeError {}
 /// Decodes `payload` as the type of (`event_type`, `schema_version`).
 pub fn decode(

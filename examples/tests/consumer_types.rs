@@ -87,3 +87,59 @@ fn decode_dispatches_on_type_and_version_and_names_unknown_pairs() {
         "{bad}"
     );
 }
+
+/// A payload whose values do not fit: the error says where and what kind of mismatch, and
+/// neither its `Display` (what `HandlerError::permanent` records) nor its `Debug` carries a
+/// value of the payload (serde_json's message quotes it: a customer's e-mail address landed
+/// in parked reasons). serde_json's error stays reachable for code.
+#[test]
+fn decode_errors_never_carry_a_payload_value() {
+    let secret = "someone@example.com";
+    let id = Uuid::from_u128(1);
+    let v2 = |total: serde_json::Value, payment: serde_json::Value| serde_json::json!({"order_id": id, "total_cents": total, "currency": "EUR", "payment": payment});
+    let card = serde_json::json!({"method": "card", "last4": "4242"});
+    for (version, payload, kind) in [
+        (
+            1,
+            serde_json::json!({"order_id": id, "total_cents": secret}),
+            Some("invalid type: string, expected i64"),
+        ),
+        (1, serde_json::json!({"order_id": secret, "total_cents": 1}), None),
+        (2, v2(serde_json::json!(secret), card.clone()), Some("invalid type: string, expected i64")),
+        (2, v2(serde_json::json!(1), serde_json::json!({"method": secret, "last4": "1"})), None),
+        (
+            2,
+            v2(serde_json::json!(1), card)
+                .as_object()
+                .map(|o| {
+                    let mut o = o.clone();
+                    o.insert("note".into(), serde_json::json!({ secret: secret }));
+                    serde_json::Value::Object(o)
+                })
+                .expect("object"),
+            None,
+        ),
+    ] {
+        let error = decode("order.confirmed", version, payload.to_string().as_bytes()).expect_err("refused");
+        let (shown, debug) = (error.to_string(), format!("{error:?}"));
+        assert!(
+            shown.starts_with(&format!("payload does not decode as order.confirmed v{version}: ")),
+            "{shown}"
+        );
+        if let Some(kind) = kind {
+            assert!(shown.contains(kind), "{shown}");
+        }
+        assert!(shown.contains("(line 1, column "), "{shown}");
+        assert!(!shown.contains("someone") && !debug.contains("someone"), "{shown} / {debug}");
+        assert!(matches!(error, DecodeError::Payload { .. }), "{error:?}");
+        assert!(std::error::Error::source(&error).is_none(), "no chain that would print serde's message");
+    }
+    // serde_json's own message, the ground truth, quotes the value.
+    let bad = serde_json::json!({"order_id": id, "total_cents": secret}).to_string();
+    let DecodeError::Payload { source, .. } =
+        decode("order.confirmed", 1, bad.as_bytes()).expect_err("refused")
+    else {
+        panic!("a payload error")
+    };
+    assert!(source.to_string().contains(secret), "{source}");
+}

@@ -92,6 +92,8 @@ pub mod ops;
 mod outbox;
 #[cfg(feature = "runtime")]
 mod partition;
+#[cfg(feature = "runtime")]
+mod redact;
 pub mod registry;
 #[cfg(feature = "runtime")]
 pub mod relay;

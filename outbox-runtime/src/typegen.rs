@@ -21,6 +21,10 @@ use typify::{TypeSpace, TypeSpaceSettings};
 
 use crate::schema::{InputError, SchemaDoc};
 
+/// The outbox runtime's `without_values`, copied into each generated file: its decode
+/// errors leave payload values out with no dependency of the consumer's on this crate.
+const REDACT: &str = include_str!("redact.rs");
+
 /// Why types could not be generated. Every variant names the file concerned.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -201,6 +205,7 @@ pub fn generate(dir: &Path) -> Result<String, TypegenError> {
             });
         }
     }
+    let redact_items = syn::parse_file(REDACT).map_err(|e| TypegenError::Unparsable(e.to_string()))?.items;
     let tokens = quote! {
         #modules
         #enums
@@ -209,8 +214,13 @@ pub fn generate(dir: &Path) -> Result<String, TypegenError> {
         #[derive(Debug, Clone, PartialEq)]
         pub enum Event { #all_variants }
 
-        /// Why a payload could not be decoded.
-        #[derive(Debug)]
+        /// serde_json's messages without the payload's values (a copy of the outbox
+        /// runtime's, so that this file needs no more crates).
+        mod decode_error_text { #(#redact_items)* }
+
+        /// Why a payload could not be decoded. Its `Display` and `Debug` name the kind of
+        /// mismatch and where (line and column), never a value of the payload, so that it
+        /// can be a recorded reason (`HandlerError::permanent`).
         pub enum DecodeError {
             /// No committed schema for this (event_type, schema_version).
             Unknown {
@@ -225,7 +235,8 @@ pub fn generate(dir: &Path) -> Result<String, TypegenError> {
                 event_type: String,
                 /// The schema version.
                 schema_version: u32,
-                /// What serde_json said.
+                /// What serde_json said. Its message quotes the payload's values: for code,
+                /// never for a reason or a log line.
                 source: serde_json::Error,
             },
         }
@@ -237,12 +248,32 @@ pub fn generate(dir: &Path) -> Result<String, TypegenError> {
                         write!(f, "unknown event type {event_type} version {schema_version}: no committed schema")
                     }
                     DecodeError::Payload { event_type, schema_version, source } => {
-                        write!(f, "payload does not decode as {event_type} v{schema_version}: {source}")
+                        let text = source.to_string();
+                        let position = format!(" at line {} column {}", source.line(), source.column());
+                        let message = text.strip_suffix(position.as_str()).unwrap_or(&text);
+                        write!(
+                            f,
+                            "payload does not decode as {event_type} v{schema_version}: {}",
+                            decode_error_text::without_values(message)
+                        )?;
+                        if source.line() > 0 {
+                            write!(f, " (line {}, column {})", source.line(), source.column())?;
+                        }
+                        Ok(())
                     }
                 }
             }
         }
 
+        /// As `Display`: serde_json's own message would carry the payload's values.
+        impl std::fmt::Debug for DecodeError {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_tuple("DecodeError").field(&self.to_string()).finish()
+            }
+        }
+
+        /// No `source()`: an error chain (`HandlerError::with_source`) would print
+        /// serde_json's message, values included.
         impl std::error::Error for DecodeError {}
 
         /// Decodes `payload` as the type of (`event_type`, `schema_version`).
