@@ -11,17 +11,8 @@ use serde::Serialize;
 use super::pages::Params;
 use super::render::{failure, given, page, time, Frame};
 use super::State;
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::inbox::{AppliedCursor, AppliedPage, AppliedQuery, ParkedPage, ParkedQuery, ParkedSummary};
-
-/// The inbox admin of `consumer`, or the error page saying there is no inbox.
-pub(super) fn admin(state: &State, consumer: &str) -> Result<crate::inbox::InboxAdmin> {
-    state.inbox(consumer).ok_or_else(|| {
-        Error::NotFound(
-            "this console shows no inbox: start it with --inbox-table (or ConsoleConfig::inbox)".to_owned(),
-        )
-    })
-}
 
 #[derive(Serialize)]
 pub(crate) struct AppliedData {
@@ -46,7 +37,7 @@ pub(crate) async fn applied(
 ) -> Response {
     let json = params.json(&headers);
     let read = async {
-        let admin = admin(&state, &consumer)?;
+        let admin = state.inbox_admin(&consumer)?;
         let mut query = AppliedQuery::default()
             .limit(params.limit.unwrap_or(50))
             .since(time("since", params.since.as_deref())?)
@@ -106,7 +97,7 @@ pub(crate) async fn parked(
 ) -> Response {
     let json = params.json(&headers);
     let read = async {
-        let admin = admin(&state, &consumer)?;
+        let admin = state.inbox_admin(&consumer)?;
         let mut query = ParkedQuery::default().limit(params.limit.unwrap_or(50)).before(params.before_id()?);
         if let Some(s) = given(&params.status) {
             query = query.status(s);
@@ -164,7 +155,7 @@ pub(crate) async fn parked_one(
 ) -> Response {
     let json = params.json(&headers);
     let read = async {
-        let admin = admin(&state, &consumer)?;
+        let admin = state.inbox_admin(&consumer)?;
         let Some((message, headers)) = admin.parked_message(id).await? else {
             return Err(Error::NotFound(format!("no parked message {id} for consumer {consumer}")));
         };

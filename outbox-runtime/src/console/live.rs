@@ -10,16 +10,50 @@ use askama::Template;
 use axum::extract::State as StateOf;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::stream::{self, Stream};
+use serde::Serialize;
 use tracing::warn;
 
-use super::pages::{read_overview, OverviewData};
 use super::render::Frame;
 use super::State;
-use crate::error::Error;
+use crate::error::{Error, Result};
+use crate::inbox::ConsumerSummary;
 use crate::metrics::CONSOLE_READ_ERRORS;
+use crate::ops::Overview;
 
 /// How often the overview is sent.
 pub(crate) const EVERY: Duration = Duration::from_secs(5);
+
+/// The overview: the outbox's states, its relays, the inbox's consumers.
+#[derive(Serialize)]
+pub(crate) struct OverviewData {
+    pub(crate) outbox: Overview,
+    pub(crate) consumers: Vec<ConsumerView>,
+}
+
+/// An inbox consumer on the overview: its summary, and its lag when brokers were given.
+#[derive(Serialize)]
+pub(crate) struct ConsumerView {
+    #[serde(flatten)]
+    pub(crate) summary: ConsumerSummary,
+    pub(crate) lag: Option<super::lag::LagCell>,
+}
+
+/// Reads the overview (also for the live stream).
+pub(crate) async fn read_overview(state: &State) -> Result<OverviewData> {
+    let outbox = state.ops.overview(&state.pool, state.config.count_cap).await?;
+    let mut consumers = Vec::new();
+    if let Some(any) = state.inbox("") {
+        let names = any.consumers().await?;
+        let mut lag = state.lag(&names);
+        for consumer in names {
+            if let Some(admin) = state.inbox(&consumer) {
+                let summary = admin.summary(state.config.count_cap).await?;
+                consumers.push(ConsumerView { lag: lag.remove(&consumer), summary });
+            }
+        }
+    }
+    Ok(OverviewData { outbox, consumers })
+}
 
 /// The overview's body alone (the live stream, and `/?fragment=body`).
 #[derive(Template)]

@@ -342,6 +342,16 @@ impl State {
         InboxAdmin::new(self.pool.clone(), schema, table, consumer).ok()
     }
 
+    /// The inbox admin of `consumer`, or the error page saying there is no inbox.
+    pub(crate) fn inbox_admin(&self, consumer: &str) -> Result<InboxAdmin> {
+        self.inbox(consumer).ok_or_else(|| {
+            Error::NotFound(
+                "this console shows no inbox: start it with --inbox-table (or ConsoleConfig::inbox)"
+                    .to_owned(),
+            )
+        })
+    }
+
     /// Claims the action submitted with form key `key`: `Ok(())` when it is new (it is
     /// then marked running), else what became of the first submit (`None`: still running).
     pub(crate) fn claim(&self, key: &str) -> std::result::Result<(), Option<Arc<actions::Outcome>>> {

@@ -10,12 +10,13 @@ use axum::response::{IntoResponse as _, Response};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::live::{read_overview, OverviewData};
 use super::render::{self, failure, given, link, page, time, wants_json, Frame};
 use super::State;
 use crate::action::AuditPage;
 use crate::error::{Error, Result};
-use crate::inbox::{ConsumerSummary, ParkedGroup};
-use crate::ops::{EventDetail, EventPage, EventQuery, EventState, FailureGroup, Overview, Payload};
+use crate::inbox::ParkedGroup;
+use crate::ops::{EventDetail, EventPage, EventQuery, EventState, FailureGroup, Payload};
 
 /// The query of every page: its filters, the page cursor, the format.
 #[derive(Debug, Default, Deserialize)]
@@ -83,43 +84,11 @@ impl Params {
     }
 }
 
-/// The overview: the outbox's states, its relays, the inbox's consumers.
-#[derive(Serialize)]
-pub(crate) struct OverviewData {
-    pub(crate) outbox: Overview,
-    pub(crate) consumers: Vec<ConsumerView>,
-}
-
-/// An inbox consumer on the overview: its summary, and its lag when brokers were given.
-#[derive(Serialize)]
-pub(crate) struct ConsumerView {
-    #[serde(flatten)]
-    pub(crate) summary: ConsumerSummary,
-    pub(crate) lag: Option<super::lag::LagCell>,
-}
-
 #[derive(Template)]
 #[template(path = "console/overview.html")]
 pub(crate) struct OverviewHtml {
     pub(crate) frame: Frame,
     pub(crate) data: OverviewData,
-}
-
-/// Reads the overview (also for the live stream).
-pub(crate) async fn read_overview(state: &State) -> Result<OverviewData> {
-    let outbox = state.ops.overview(&state.pool, state.config.count_cap).await?;
-    let mut consumers = Vec::new();
-    if let Some(any) = state.inbox("") {
-        let names = any.consumers().await?;
-        let mut lag = state.lag(&names);
-        for consumer in names {
-            if let Some(admin) = state.inbox(&consumer) {
-                let summary = admin.summary(state.config.count_cap).await?;
-                consumers.push(ConsumerView { lag: lag.remove(&consumer), summary });
-            }
-        }
-    }
-    Ok(OverviewData { outbox, consumers })
 }
 
 pub(crate) async fn overview(
@@ -348,9 +317,7 @@ pub(crate) async fn audit(
     let read = async {
         let limit = params.limit.unwrap_or(50);
         match &consumer {
-            Some(consumer) => {
-                super::inbox_pages::admin(&state, consumer)?.audit(params.before_id()?, limit).await
-            }
+            Some(consumer) => state.inbox_admin(consumer)?.audit(params.before_id()?, limit).await,
             None => state.ops.audit(&state.pool, params.before_id()?, limit).await,
         }
     };

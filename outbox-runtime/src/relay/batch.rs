@@ -12,8 +12,9 @@ use sqlx::PgPool;
 use tracing::{debug, info_span, warn, Instrument};
 use uuid::Uuid;
 
-use super::claim::{Fence, Marked, Marks, Placement, Row, Statements};
+use super::claim::{Placement, Row, Statements};
 use super::flight::Flight;
+use super::mark::{Fence, Marked, Marks};
 use super::publish::{self, Sent};
 use super::topics::{Verdict, MISSING_CODE};
 use super::{Relay, RelayStats};

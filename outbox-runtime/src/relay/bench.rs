@@ -103,7 +103,8 @@ pub async fn raw_produce(pool: &PgPool, outbox: &Outbox, config: &RelayConfig) -
 /// are made up). Takes every work partition lease for the run and frees them after.
 /// Returns the rows marked and the time it took.
 pub async fn mark_all(pool: &PgPool, outbox: &Outbox, batch: i64) -> Result<(u64, Duration)> {
-    use super::claim::{Fence, Marks, Placement};
+    use super::claim::Placement;
+    use super::mark::{Fence, Marks};
     let statements = Statements::new(outbox.names());
     let owner = uuid::Uuid::new_v4();
     let leases = &outbox.names().leases;

@@ -9,8 +9,7 @@ use crate::error::Result;
 use crate::migrate::PENDING_BY_ID;
 use crate::table::{sql, Names};
 
-pub(crate) use super::cursor::FreshCursor;
-pub(crate) use super::mark::{Fence, Marked, Marks};
+use super::cursor::FreshCursor;
 #[cfg(test)]
 use super::plan::{array_literal, explained, EXPLAINED_DONE};
 use super::plan::{CLAIM_PLAN, CLAIM_PLAN_PARTITIONED};
@@ -379,7 +378,8 @@ impl Statements {
         fresh.sort_unstable();
         if let Some(cursor) = cursor {
             let full_to = window_seen.and_then(|(end, len)| end.filter(|_| len >= window));
-            cursor.moved(limit, full_to, &fresh, &rows);
+            let kept: Vec<i64> = rows.iter().map(|r| r.id).collect();
+            cursor.moved(limit, full_to, &fresh, &kept);
         }
         Ok(rows)
     }

@@ -1,7 +1,5 @@
 //! The claim's walk of fresh rows in windows: where the next one starts.
 
-use super::claim::Row;
-
 /// Where the claim's walk of fresh rows starts: from the start (`from` 0) as long as its
 /// window of `4 * limit` index entries holds enough rows to take; past a window that did
 /// not (rows held back behind an earlier row of their aggregate, waiting or failed, fill
@@ -25,11 +23,11 @@ impl FreshCursor {
     }
 
     /// Moves on after a claim of `limit` rows: `fresh` the ids its fresh walk found,
-    /// sorted, `kept` the batch, `full_to` the end of its window when the walk read all of
-    /// it and it was full.
-    pub(super) fn moved(&mut self, limit: i64, full_to: Option<i64>, fresh: &[i64], kept: &[Row]) {
+    /// sorted, `kept` the ids of the batch, `full_to` the end of its window when the walk
+    /// read all of it and it was full.
+    pub(super) fn moved(&mut self, limit: i64, full_to: Option<i64>, fresh: &[i64], kept: &[i64]) {
         let kept_fresh: Vec<i64> =
-            kept.iter().map(|r| r.id).filter(|id| fresh.binary_search(id).is_ok()).collect();
+            kept.iter().copied().filter(|id| fresh.binary_search(id).is_ok()).collect();
         let cut = fresh.len() > kept_fresh.len();
         let from = if cut || i64::try_from(fresh.len()).is_ok_and(|n| n >= limit) {
             // The batch is full of what the window holds: from the start again as before,

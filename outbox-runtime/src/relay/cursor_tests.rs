@@ -3,7 +3,8 @@
 
 use sqlx::PgPool;
 
-use super::claim::{FreshCursor, Statements};
+use super::claim::Statements;
+use super::cursor::FreshCursor;
 use super::tests::rows_read;
 use crate::outbox::Outbox;
 

@@ -6,8 +6,9 @@ use std::time::Duration;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::claim::{Fence, Marks, Placement, Statements};
+use super::claim::{Placement, Statements};
 use super::lease::Leases;
+use super::mark::{Fence, Marks};
 use super::tests::rows_read;
 use crate::Outbox;
 

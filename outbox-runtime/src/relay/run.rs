@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::claim::FreshCursor;
+use super::cursor::FreshCursor;
 use super::flight::{Reporter, REPORT_EVERY};
 use super::listen::listen;
 use super::{ClaimMode, Relay};

@@ -7,8 +7,10 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::claim::{Fence, FreshCursor, Marked, Marks, Placement, Row, Statements};
+use super::claim::{Placement, Row, Statements};
+use super::cursor::FreshCursor;
 use super::lease::Leases;
+use super::mark::{Fence, Marked, Marks};
 use crate::{Outbox, OutboxConfig, OutboxEvent};
 
 #[derive(Serialize, JsonSchema, OutboxEvent)]

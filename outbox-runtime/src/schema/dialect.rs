@@ -414,7 +414,7 @@ impl Walk {
         if !fragment.starts_with('/') {
             return self.anchors.get(fragment).map(|p| format!("#{p}"));
         }
-        let pointer = super::document::percent_decode(fragment);
+        let pointer = super::uri::percent_decode(fragment);
         // The longest moved prefix of the pointer decides where it points now.
         let mut cut = pointer.len();
         loop {

@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::dialect::{canonical_in, Dialect};
 use super::keywords::{SCHEMA_ARRAY_KEYWORDS, SCHEMA_KEYWORDS, SCHEMA_MAP_KEYWORDS};
+use super::uri::percent_decode;
 
 /// Why a document could not be used as a schema. Every variant names its source.
 #[derive(Debug, thiserror::Error)]
@@ -354,27 +355,4 @@ fn kind(value: &Value) -> &'static str {
 /// JSON pointer escaping of one segment.
 fn escape(segment: &str) -> String {
     segment.replace('~', "~0").replace('/', "~1")
-}
-
-/// `$ref`s are URI fragments: undo percent-encoding (`%24defs` is `$defs`).
-pub(crate) fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(hi), Some(lo)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push(hi << 4 | lo);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8(out).unwrap_or_else(|_| s.to_owned())
-}
-
-fn hex(b: u8) -> Option<u8> {
-    char::from(b).to_digit(16).and_then(|d| u8::try_from(d).ok())
 }

@@ -13,6 +13,7 @@ mod document;
 mod keywords;
 mod problem;
 mod repo;
+mod uri;
 
 #[cfg(feature = "schema-registry")]
 pub(crate) use check::committed_versions;

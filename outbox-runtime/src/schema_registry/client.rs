@@ -9,13 +9,8 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde_json::{json, Value};
 use ureq::http;
 
-use super::error::RegistryError;
+use super::error::{RegistryError, AUTH_PASSWORD_VAR, AUTH_USER_VAR};
 use crate::schema::Policy;
-
-/// The user name for HTTP basic authentication (Confluent Cloud: the API key).
-pub const AUTH_USER_VAR: &str = "OUTBOX_SCHEMA_REGISTRY_USER";
-/// The password for HTTP basic authentication (Confluent Cloud: the API secret).
-pub const AUTH_PASSWORD_VAR: &str = "OUTBOX_SCHEMA_REGISTRY_PASSWORD";
 
 const CONTENT_TYPE: &str = "application/vnd.schemaregistry.v1+json";
 /// How long one call may take, connection included.

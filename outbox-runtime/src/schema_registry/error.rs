@@ -1,6 +1,9 @@
 //! [`RegistryError`]: why a call to a schema registry failed.
 
-use super::client::{AUTH_PASSWORD_VAR, AUTH_USER_VAR};
+/// The user name for HTTP basic authentication (Confluent Cloud: the API key).
+pub const AUTH_USER_VAR: &str = "OUTBOX_SCHEMA_REGISTRY_USER";
+/// The password for HTTP basic authentication (Confluent Cloud: the API secret).
+pub const AUTH_PASSWORD_VAR: &str = "OUTBOX_SCHEMA_REGISTRY_PASSWORD";
 
 /// Why a call to the registry failed.
 #[derive(Debug, thiserror::Error)]

@@ -28,11 +28,11 @@ pub mod framing;
 mod ids;
 
 #[cfg(feature = "schema-registry")]
-pub use client::{Client, Compatibility, Lookup, Registered, AUTH_PASSWORD_VAR, AUTH_USER_VAR};
+pub use client::{Client, Compatibility, Lookup, Registered};
 #[cfg(feature = "schema-registry")]
 pub use committed::{committed_schemas, CommittedSchema};
 #[cfg(feature = "schema-registry")]
-pub use error::RegistryError;
+pub use error::{RegistryError, AUTH_PASSWORD_VAR, AUTH_USER_VAR};
 #[cfg(feature = "runtime")]
 pub(crate) use ids::Frame;
 pub use ids::{SchemaIdForm, SchemaIds};

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use serde_json::{Map, Number, Value};
 
 use super::Unpredicted;
-use crate::schema::document::percent_decode;
+use crate::schema::uri::percent_decode;
 
 mod model;
 mod modern;
