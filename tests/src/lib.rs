@@ -8,7 +8,8 @@
 //!   (`wal_level = logical`) or must not be put through (restarts, server-wide settings);
 //! - [`events`]: the test events and the headers the relay writes;
 //! - [`Rng`]: the seeded generator whose seed a run prints;
-//! - [`metrics_kit`]: metrics read back through a debugging recorder;
+//! - [`metrics_kit`], [`log_kit`]: metrics read back through a debugging recorder, log
+//!   lines through a subscriber writing into memory;
 //! - [`raw`], [`running`], [`fuzz`]: records no safe client writes, a relay running in the
 //!   test, the inbox's fuzz run;
 //! - [`relay_kit`], [`inbox_kit`], [`cdc_kit`]: what the relay's, the inbox's and the
@@ -29,6 +30,7 @@ pub mod events;
 pub mod fuzz;
 pub mod inbox_kit;
 pub mod kafka;
+pub mod log_kit;
 pub mod metrics_kit;
 pub mod partition_kit;
 pub mod pg_server;

@@ -1,41 +1,17 @@
 //! Logs carry event_id, aggregate_id, type, attempt and stage, never the payload.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_runtime::relay::{Relay, RelayConfig};
-use outbox_runtime::{AppendOptions, NewEvent};
+use outbox_runtime::{AppendOptions, NewEvent, OutboxEvent};
+use outbox_tests::events::event_headers;
+use outbox_tests::inbox_kit::credits::{setup, start, Ledger};
 use outbox_tests::kafka::Kafka;
-use outbox_tests::{eventually, migrate, rows_in, Step};
+use outbox_tests::log_kit::capture;
+use outbox_tests::{eventually, migrate, rows_in, Credit, Step};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
-
-/// Collects everything the subscriber writes.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Everything logged on this thread up to `level`, until the guard goes.
-fn capture(level: tracing::Level) -> (Captured, tracing::subscriber::DefaultGuard) {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    (captured, tracing::subscriber::set_default(subscriber))
-}
+use uuid::Uuid;
 
 #[sqlx::test(migrations = false)]
 async fn the_payload_never_reaches_the_logs(pool: PgPool) {
@@ -81,7 +57,7 @@ async fn the_payload_never_reaches_the_logs(pool: PgPool) {
     let (result, ()) = tokio::join!(run, check);
     result.expect("relay");
 
-    let logs = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf-8");
+    let logs = captured.text();
     assert!(!logs.contains(marker), "the payload leaked into the logs:\n{logs}");
     let failure = logs
         .lines()
@@ -132,7 +108,7 @@ async fn a_relay_starting_on_an_invalid_index_says_how_to_rebuild_it(pool: PgPoo
     let (result, ()) = tokio::join!(run, check);
     result.expect("relay");
 
-    let logs = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf-8");
+    let logs = captured.text();
     let warning = logs
         .lines()
         .find(|l| l.contains("WARN") && l.contains("index=outbox_fresh"))
@@ -142,4 +118,42 @@ async fn a_relay_starting_on_an_invalid_index_says_how_to_rebuild_it(pool: PgPoo
         .execute(&pool)
         .await
         .expect("restore");
+}
+
+/// Each duplicate delivery says so at debug, naming the event and how and when it was
+/// first recorded; the run's summary counts duplicates, ignored and parked records beside
+/// the applied ones (before: no line at any level, and `applied=1` alone). Here, not in
+/// `inbox.rs`: a test binary whose other tests log nowhere loses this thread's INFO lines
+/// (the callsites' cached interest), so the log tests live together.
+#[sqlx::test(migrations = false)]
+async fn duplicates_say_so_and_the_run_counts_them(pool: PgPool) {
+    let s = setup(&pool).await;
+    let id = Uuid::now_v7();
+    for _ in 0..5 {
+        s.produce(
+            "acc-1",
+            &Credit::json("acc-1", 10),
+            &event_headers(id, Credit::EVENT_TYPE, None, Some("acc-1")),
+        )
+        .await;
+    }
+    let (logs, _guard) = capture(tracing::Level::DEBUG);
+    let (running, _) = start(&pool, s.config("dedup-logs"), &Ledger::default()).await;
+    let stats = running.stats.clone();
+    assert!(
+        eventually(Duration::from_secs(30), || async { stats.applied() + stats.duplicates() == 5 }).await
+    );
+    running.shutdown().await;
+    assert_eq!((stats.applied(), stats.duplicates()), (1, 4));
+    let logs = logs.text();
+    let absorbed: Vec<&str> = logs.lines().filter(|l| l.contains("duplicate absorbed")).collect();
+    assert_eq!(absorbed.len(), 4, "{logs}");
+    for line in absorbed {
+        assert!(line.contains("DEBUG") && line.contains(&format!("event_id={id}")), "{line}");
+        assert!(line.contains("first_outcome=applied") && line.contains("first_at=20"), "{line}");
+        assert!(!line.contains("\"amount\"") && !line.contains("acc-1\",\""), "no payload: {line}");
+    }
+    let stopped = logs.lines().find(|l| l.contains("inbox stopped")).unwrap_or_else(|| panic!("{logs}"));
+    assert!(stopped.contains("applied=1") && stopped.contains("duplicates=4"), "{stopped}");
+    assert!(stopped.contains("ignored=0") && stopped.contains("parked=0"), "{stopped}");
 }

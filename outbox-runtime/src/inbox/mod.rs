@@ -42,13 +42,13 @@ mod handler;
 mod lag;
 mod message;
 mod migrate;
+mod names;
 mod partitions;
 mod release;
 mod retention;
 mod spans;
 mod stats;
 mod store;
-mod worker;
 
 use std::sync::Arc;
 
@@ -65,11 +65,11 @@ pub use self::handler::{
 };
 pub use self::lag::{ConsumerLag, LagReader, PartitionLag, MAX_LAG_PARTITIONS};
 pub use self::message::{event_id_of, FOREIGN_ID_NAMESPACE};
+pub(crate) use self::names::InboxNames;
 pub use self::partitions::{KeptPartition, Layout, PartitionReport};
 pub use self::release::Released;
 pub use self::retention::{judge as judge_retention, judge_topic, RetentionVerdict};
 pub use self::stats::InboxStats;
-pub(crate) use self::store::InboxNames;
 use self::store::Store;
 pub use crate::action::{ActionFilter, ActionReport, AuditEntry, AuditPage, MAX_PAGE};
 use crate::error::Result;

@@ -20,6 +20,7 @@
 
 mod context;
 mod receive;
+mod worker;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -17,13 +17,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
+use super::worker::{panic_text, Worker, WARN_EVERY};
 use super::{commit, InboxContext, Live, Partition, Shared};
 use crate::error::{Error, Result};
 use crate::inbox::budget::Charge;
 use crate::inbox::cleanup::cleanup_loop;
 use crate::inbox::message::Received;
 use crate::inbox::retention::{self, RetentionVerdict};
-use crate::inbox::worker::{panic_text, Worker, WARN_EVERY};
 use crate::inbox::Inbox;
 
 /// How often paused partitions are looked at for resuming, at least.
@@ -144,7 +144,18 @@ impl Inbox {
         drop(live);
         self.stop(consumer, &shared, tracker, stop_all, abandon).await;
         if outcome.is_ok() {
-            info!(consumer = %self.config.consumer, applied = self.stats.applied(), "inbox stopped");
+            // What this run came to: a duplicate absorbed shows here as well as in a debug line.
+            let stats = &self.stats;
+            info!(
+                consumer = %self.config.consumer,
+                applied = stats.applied(),
+                duplicates = stats.duplicates(),
+                ignored = stats.ignored(),
+                stale = stats.stale(),
+                parked = stats.parked(),
+                held = stats.held(),
+                "inbox stopped"
+            );
         }
         outcome
     }

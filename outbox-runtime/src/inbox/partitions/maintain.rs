@@ -14,7 +14,7 @@ use tracing::{debug, info, warn};
 
 use super::{execute, layout, millis, relation, Layout};
 use crate::error::Result;
-use crate::inbox::store::InboxNames;
+use crate::inbox::names::InboxNames;
 
 /// Partitions created in one round at most (a span of one second and a long pause).
 const MAX_CREATED: usize = 100;

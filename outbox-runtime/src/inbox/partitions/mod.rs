@@ -16,15 +16,17 @@
 //! - `<table>_default`: v7 ids of a span with no partition (an old event replayed after its
 //!   span was dropped, a clock far ahead), cleaned by DELETE; rows of a span whose
 //!   partition is created later are moved into it.
-//! - `<table>_legacy`: the table as it was before [`InboxAdmin::partition_table`] made it a
-//!   partition; checked by every insert until it is dropped like the others.
+//! - `<table>_legacy`: always there, checked by every insert (bucket -2): the table as it
+//!   was before [`InboxAdmin::partition_table`] made it a partition, until it is dropped
+//!   like the others and made again empty; empty on a new install, so that the check reads
+//!   an index of its own, never the default partition.
 
 use std::time::Duration;
 
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, PgPool};
 
-use super::store::InboxNames;
+use super::names::InboxNames;
 use crate::error::Result;
 
 mod convert;

@@ -231,7 +231,7 @@ impl Store {
                     }
                 }
                 Outcome::Duplicate => {
-                    spans::duplicate(&self.consumer, msg, meta);
+                    self.absorbed(&mut *tx, msg, meta).await?;
                     Outcome::Duplicate
                 }
                 other => other,

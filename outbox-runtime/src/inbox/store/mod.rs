@@ -13,9 +13,7 @@ use super::spans;
 use crate::error::{Error, Result};
 use crate::table::sql;
 
-mod names;
-
-pub(crate) use self::names::{storable_reason, InboxNames};
+pub(crate) use super::names::{storable_reason, InboxNames};
 
 /// [`Store::layout`] before it is read.
 const UNKNOWN: u8 = 0;
@@ -76,6 +74,7 @@ pub(crate) struct Store {
 }
 
 mod batch;
+mod duplicate;
 
 use self::batch::BatchStatements;
 
@@ -334,7 +333,7 @@ impl Store {
             .await
             .map_err(|e| self.saw(e))?;
         if new.is_none() {
-            spans::duplicate(&self.consumer, msg, meta);
+            self.absorbed(tx, msg, meta).await?;
             self.resolve(tx, resolves).await?;
             return Ok(Step::Commit(Outcome::Duplicate));
         }

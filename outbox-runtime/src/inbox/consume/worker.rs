@@ -22,12 +22,12 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info_span, warn, Instrument};
 
-use super::consume::Shared;
-use super::failure::{self, Failure};
-use super::message::Incoming;
-use super::store::{Outcome, Store};
-use super::{Handlers, InboxStats};
+use super::Shared;
 use crate::backoff;
+use crate::inbox::failure::{self, Failure};
+use crate::inbox::message::Incoming;
+use crate::inbox::store::{Outcome, Store};
+use crate::inbox::{Handlers, InboxStats};
 
 /// The least time between two retry warnings of one worker (the others are logged at debug,
 /// and counted in the next warning).

@@ -1,0 +1,48 @@
+//! What a duplicate says: its span, and a debug line naming the event and how and when its
+//! first delivery was recorded (read only while debug lines are on: nothing is paid for it
+//! otherwise).
+
+use sqlx::{AssertSqlSafe, PgConnection};
+
+use super::super::message::Incoming;
+use super::super::spans;
+use super::super::Meta;
+use super::Store;
+use crate::action::rfc3339;
+use crate::error::Result;
+
+impl Store {
+    /// A delivery of an event this consumer recorded before, absorbed in `tx`.
+    pub(super) async fn absorbed(&self, tx: &mut PgConnection, msg: &Incoming, meta: &Meta) -> Result<()> {
+        spans::duplicate(&self.consumer, msg, meta);
+        if !tracing::enabled!(tracing::Level::DEBUG) {
+            return Ok(());
+        }
+        let sql = format!(
+            "SELECT {}, outcome FROM {} WHERE consumer = $1 AND event_id = $2",
+            rfc3339("applied_at"),
+            self.names.inbox
+        );
+        // Missing when the first recording is not committed yet (two partitions carrying
+        // one event at once: this insert waited for it, then found it).
+        let (first_at, first_outcome): (String, String) = sqlx::query_as(AssertSqlSafe(sql))
+            .bind(&self.consumer)
+            .bind(meta.event_id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .unwrap_or_else(|| ("not committed yet".to_owned(), "unknown".to_owned()));
+        tracing::debug!(
+            consumer = %self.consumer,
+            event_id = %meta.event_id,
+            event_type = %meta.event_type,
+            aggregate_id = meta.aggregate_id.as_deref().unwrap_or(""),
+            topic = %msg.topic,
+            partition = msg.partition,
+            offset = msg.offset,
+            first_at = %first_at,
+            first_outcome = %first_outcome,
+            "duplicate absorbed: the event was recorded before, its handler did not run"
+        );
+        Ok(())
+    }
+}
