@@ -255,12 +255,27 @@ pub struct ActionReport {
 /// before its first time (4713 BC) is taken as that time, one past 292,000 years from now
 /// as the largest count of microseconds (294,247 AD), earlier and later than any row.
 pub(crate) fn epoch_micros(t: SystemTime) -> i64 {
-    /// 4713-11-24 00:00:00 BC, PostgreSQL's first `timestamptz`, in microseconds.
-    const FIRST: i64 = -210_866_803_200_000_000;
     match t.duration_since(UNIX_EPOCH) {
         Ok(after) => i64::try_from(after.as_nanos().div_ceil(1000)).unwrap_or(i64::MAX),
-        Err(before) => i64::try_from(before.duration().as_nanos() / 1000).map_or(FIRST, |m| (-m).max(FIRST)),
+        Err(before) => i64::try_from(before.duration().as_nanos() / 1000)
+            .map_or(FIRST_MICROS, |m| (-m).max(FIRST_MICROS)),
     }
+}
+
+/// 4713-11-24 00:00:00 BC, PostgreSQL's first `timestamptz`, in microseconds: where
+/// [`epoch_micros`] stops going back.
+const FIRST_MICROS: i64 = -210_866_803_200_000_000;
+
+/// [`at_micros`] for an audit row: a bound [`epoch_micros`] saturated at either end (the
+/// CLI's `-infinity` and `infinity`, "from the beginning", "until the end") is recorded as
+/// the infinity it stands for, not as 4713 BC or 294,247 AD.
+pub(crate) fn audit_at(param: &str) -> String {
+    format!(
+        "CASE WHEN {param}::int8 <= {FIRST_MICROS} THEN timestamptz '-infinity' \
+              WHEN {param}::int8 = {max} THEN timestamptz 'infinity' ELSE {at} END",
+        max = i64::MAX,
+        at = at_micros(param)
+    )
 }
 
 /// The SQL `timestamptz` that the parameter `param`, an [`epoch_micros`], denotes, exactly:
@@ -303,8 +318,8 @@ impl Audit<'_> {
              RETURNING id",
             self.table,
             ids = filter.ids_array().unwrap_or_else(|| "NULL::text".to_owned()),
-            since = at_micros("$8"),
-            until = at_micros("$9"),
+            since = audit_at("$8"),
+            until = audit_at("$9"),
         );
         let (types, topic, text, since, until, cause) = filter.binds();
         let mut query = sqlx::query_scalar(AssertSqlSafe(sql))

@@ -59,3 +59,22 @@ fn bad_topic_spec_exits_2() {
         String::from_utf8_lossy(&out.stderr).contains("--topic \"orders:many\": partitions must be a number")
     );
 }
+
+/// `outbox broker --help` lists the broker's own flags, not the outbox's database and
+/// capacity flags it has no use for (they were listed, `--database-url` as required).
+#[test]
+fn broker_help_lists_only_its_own_flags() {
+    let out = Command::new(env!("CARGO_BIN_EXE_outbox")).args(["broker", "--help"]).output().expect("help");
+    assert!(out.status.success(), "{out:?}");
+    let help = String::from_utf8_lossy(&out.stdout);
+    for own in ["--topic", "--brokers", "--addr-file"] {
+        assert!(help.contains(own), "{own} in {help}");
+    }
+    for foreign in ["--database-url", "--schema", "--table", "--capacity-rows", "--capacity-bytes"] {
+        assert!(!help.contains(foreign), "{foreign} in {help}");
+    }
+    // Other commands keep them.
+    let status =
+        Command::new(env!("CARGO_BIN_EXE_outbox")).args(["status", "--help"]).output().expect("help");
+    assert!(String::from_utf8_lossy(&status.stdout).contains("--database-url"));
+}

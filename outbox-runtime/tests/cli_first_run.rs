@@ -1,5 +1,6 @@
 //! The `outbox` command line's first run, as a newcomer meets it: an unmigrated database,
-//! no database given, a misspelled consumer or table. Every mistake names its fix.
+//! no database given, a misspelled consumer or table, change data capture on a server as
+//! installed. Every mistake names its fix.
 
 use std::process::{Command, Output};
 
@@ -246,4 +247,26 @@ async fn a_held_message_names_the_one_holding_it(pool: PgPool) {
             .await
             .expect("n");
     assert_eq!(open, 2, "nothing changed");
+}
+
+/// `outbox cdc status` without a slot sends the operator to `setup`, and on a server below
+/// `wal_level = logical` (PostgreSQL as installed) says first that it must change, since
+/// setup would only fail there (before, it said "run `outbox cdc setup`" alone).
+#[sqlx::test(migrations = false)]
+async fn cdc_status_without_a_slot_names_the_wal_level_it_needs(pool: PgPool) {
+    Outbox::default_ref().migrator().run(&pool).await.expect("migrate");
+    let level: String = sqlx::query_scalar("SHOW wal_level").fetch_one(&pool).await.expect("wal_level");
+    let out = outbox_cli(&pool, &["cdc", "status", "--slot", "outbox_no_such_slot"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\"outbox_no_such_slot\" does not exist") && err.contains("`outbox cdc setup`"),
+        "{err}"
+    );
+    if level == "logical" {
+        assert!(!err.contains("wal_level"), "{err}");
+    } else {
+        assert!(err.contains(&format!("wal_level is {level}")), "{err}");
+        assert!(err.contains("ALTER SYSTEM SET wal_level = logical"), "{err}");
+    }
 }

@@ -6,7 +6,7 @@ use serde::Serialize;
 use sqlx::{AssertSqlSafe, PgPool};
 
 use super::Ops;
-use crate::action::{at_micros, epoch_micros, Audit};
+use crate::action::{at_micros, audit_at, epoch_micros, Audit};
 use crate::error::Result;
 
 /// Rows replayed per transaction.
@@ -226,8 +226,8 @@ async fn start_audit(
              'until', {until}, 'ids', CASE WHEN $8::uuid IS NULL THEN NULL ELSE ARRAY[$8::text] END))) \
          RETURNING id",
         audit.table,
-        since = at_micros("$6"),
-        until = at_micros("$7"),
+        since = audit_at("$6"),
+        until = audit_at("$7"),
     );
     Ok(sqlx::query_scalar(AssertSqlSafe(sql))
         .bind(audit.actor)

@@ -10,7 +10,7 @@ use outbox_runtime::ops::{ActionFilter, ActionReport, Ops, RetryTarget};
 use outbox_runtime::sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::commands::parse_optional_time;
+use crate::setup::parse_optional_time;
 use crate::{fail, render, Fail};
 
 /// An operator's action by filter: what it takes and how it runs.

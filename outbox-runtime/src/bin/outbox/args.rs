@@ -21,8 +21,8 @@ pub(crate) use crate::act::ActionArgs;
     after_help = "Exit codes: 0 done; 1 nothing matched, or reconcile found differences; 2 bad arguments or settings (a schema registry URL, a committed schema the registry does not hold); 3 database, broker, schema registry or metrics listener failure; 4 conflicts with the current state (release the earlier message first)."
 )]
 pub(crate) struct Cli {
-    /// PostgreSQL holding the outbox (required: there is no default database). Its value
-    /// is never printed, in `--help` neither.
+    /// PostgreSQL holding the outbox (required by every command but `broker`: there is no
+    /// default database). Its value is never printed, in `--help` neither.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
     pub(crate) database_url: Option<String>,
     /// Schema of the outbox tables.

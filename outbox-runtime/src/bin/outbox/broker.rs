@@ -22,6 +22,26 @@ pub(crate) struct BrokerArgs {
     /// Also write the bootstrap address to this file (for scripts).
     #[arg(long, value_name = "PATH")]
     addr_file: Option<PathBuf>,
+    /// The outbox's global flags, which a broker has no use for: an argument of the same
+    /// id here keeps clap from copying the global one into this command, so that `outbox
+    /// broker --help` lists only the broker's own flags. Accepted and ignored.
+    #[command(flatten)]
+    unused: Unused,
+}
+
+/// See [`BrokerArgs::unused`].
+#[derive(Args)]
+struct Unused {
+    #[arg(long, hide = true)]
+    database_url: Option<String>,
+    #[arg(long, hide = true)]
+    schema: Option<String>,
+    #[arg(long, hide = true)]
+    table: Option<String>,
+    #[arg(long, hide = true)]
+    capacity_rows: Option<u64>,
+    #[arg(long, hide = true)]
+    capacity_bytes: Option<u64>,
 }
 
 fn parse_topic(spec: &str) -> Result<(&str, i32), String> {

@@ -76,10 +76,21 @@ pub(crate) async fn command(
         }
         CdcCommand::Status { slot, json } => {
             let Some(status) = slot.config(url).status(pool).await? else {
-                return Err(fail(
-                    1,
-                    format!("replication slot {:?} does not exist: run `outbox cdc setup`", slot.slot),
-                ));
+                // A server below logical can have no slot: setup would only fail on it.
+                let level: String = outbox_runtime::sqlx::query_scalar("SELECT current_setting('wal_level')")
+                    .fetch_one(pool)
+                    .await
+                    .map_err(|e| fail(3, e.to_string()))?;
+                let next = if level == "logical" {
+                    "run `outbox cdc setup`".to_owned()
+                } else {
+                    format!(
+                        "wal_level is {level}, and change data capture needs logical (ALTER SYSTEM SET wal_level = \
+                         logical, then restart PostgreSQL; a managed service has a switch of its own), then run \
+                         `outbox cdc setup`"
+                    )
+                };
+                return Err(fail(1, format!("replication slot {:?} does not exist: {next}", slot.slot)));
             };
             if json {
                 render::json(&status);

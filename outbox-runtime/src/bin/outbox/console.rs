@@ -71,7 +71,7 @@ pub(crate) struct ConsoleArgs {
 }
 
 pub(crate) async fn run(outbox: &Outbox, pool: PgPool, args: ConsoleArgs) -> Result<ExitCode, Fail> {
-    crate::commands::init_logs();
+    crate::setup::init_logs();
     outbox.ops().check_migrated(&pool).await?;
     let token = match (&args.token_file, args.generate_token) {
         (Some(path), _) => {

@@ -21,6 +21,7 @@ mod commands;
 mod console;
 mod hint;
 mod render;
+mod setup;
 
 use std::process::ExitCode;
 
