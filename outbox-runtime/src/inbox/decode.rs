@@ -9,6 +9,11 @@ use crate::redact::without_values;
 /// `payload` as `T`, or why not: the JSON path, serde's message with the payload's values
 /// left out, and the line and column.
 pub(crate) fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
+    // The common case without the path tracker (it allocates per field); only a payload that
+    // fails is decoded again, to say where.
+    if let Ok(value) = serde_json::from_slice(payload) {
+        return Ok(value);
+    }
     let mut de = serde_json::Deserializer::from_slice(payload);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| describe(&path(&e), e.inner()))?;
     // Trailing characters, as serde_json::from_slice refuses them.
