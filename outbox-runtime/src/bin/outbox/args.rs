@@ -148,6 +148,14 @@ pub(crate) enum Command {
     Console(crate::console::ConsoleArgs),
 }
 
+/// `KEY=VALUE` of `--kafka-setting` (the value may hold `=`).
+fn parse_setting(setting: &str) -> Result<(String, String), String> {
+    match setting.split_once('=') {
+        Some((key, value)) if !key.trim().is_empty() => Ok((key.trim().to_owned(), value.to_owned())),
+        _ => Err("expected KEY=VALUE, a librdkafka setting (e.g. allow.auto.create.topics=false)".to_owned()),
+    }
+}
+
 #[derive(Args)]
 pub(crate) struct RelayArgs {
     /// Kafka bootstrap servers.
@@ -179,6 +187,12 @@ pub(crate) struct RelayArgs {
     /// default is the library's.
     #[arg(long, default_value_t = Dur(RelayConfig::new("").get_missing_topic_timeout()), value_parser = parse_dur)]
     pub(crate) missing_topic_timeout: Dur,
+    /// A librdkafka producer setting, KEY=VALUE, repeatable (`RelayConfig::kafka_setting`):
+    /// security (security.protocol=SASL_SSL, sasl.*, ssl.*), client.id, linger.ms, or
+    /// allow.auto.create.topics=false so that a broker which creates topics on first use
+    /// (`outbox broker`) does not. Settings that would break a guarantee are refused.
+    #[arg(long = "kafka-setting", value_name = "KEY=VALUE", value_parser = parse_setting)]
+    pub(crate) kafka_settings: Vec<(String, String)>,
     /// Stream the outbox's inserts from a logical replication slot (`outbox cdc setup`
     /// first) instead of polling the table. The database URL is also the replication
     /// connection's; its role needs the REPLICATION attribute.

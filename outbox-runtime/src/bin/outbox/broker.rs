@@ -13,7 +13,9 @@ use outbox_runtime::rdkafka::mocking::MockCluster;
 #[derive(Args)]
 pub(crate) struct BrokerArgs {
     /// A topic to create, as NAME or NAME:PARTITIONS (default partitions: 6). Repeatable;
-    /// other topics are created on first use.
+    /// other topics are created when a client's metadata request allows it (librdkafka's
+    /// producer does by default): for a missing-topic drill, run the relay with
+    /// --kafka-setting allow.auto.create.topics=false.
     #[arg(long = "topic", value_name = "NAME[:PARTITIONS]")]
     topics: Vec<String>,
     /// Number of brokers in the cluster.
@@ -118,7 +120,7 @@ pub(crate) async fn run(args: BrokerArgs) -> ExitCode {
     let listed: Vec<String> = topics.iter().map(|(n, p)| format!("{n} ({p} partitions)")).collect();
     println!("dev broker (librdkafka mock cluster, in memory, for development only) at {bootstrap}");
     if listed.is_empty() {
-        println!("topics: none yet; a topic is created on first use");
+        println!("topics: none yet; a topic is created on first use (unless the client sets allow.auto.create.topics=false)");
     } else {
         println!("topics: {}", listed.join(", "));
     }

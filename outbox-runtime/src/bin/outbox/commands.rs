@@ -206,6 +206,8 @@ pub(crate) async fn relay(
         .dataschema_base(args.dataschema_base)
         .cleanup(cleanup)
         .schema_ids(schema_ids(args.schema_ids).await?);
+    let config =
+        args.kafka_settings.into_iter().fold(config, |config, (key, value)| config.kafka_setting(key, value));
     let config = if args.hold_locks { config.claim_mode(ClaimMode::HoldLocks) } else { config };
     let shutdown = CancellationToken::new();
     outbox_runtime::signal::cancel_on_signal(shutdown.clone());
