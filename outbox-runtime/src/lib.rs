@@ -118,7 +118,7 @@ pub mod xtask;
 pub use append::{append, AppendOptions, NewEvent, RESERVED_HEADER_BYTES};
 
 /// The local development database (`DATABASE_URL`'s default for this repository's
-/// examples, demo and tests): the PostgreSQL of the README's quickstart. Never a default
+/// examples, demo and tests): the PostgreSQL of the quickstart. Never a default
 /// of the library itself, which always takes a pool, nor of the `outbox` command, which
 /// needs `--database-url` or `DATABASE_URL`.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";

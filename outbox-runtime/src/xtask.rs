@@ -26,7 +26,7 @@
 //!
 //! `schema generate | check | compat` judge with serde semantics unless `--semantics
 //! json-schema` (with `--policy strict|lenient`) or [`Xtask::semantics`] says otherwise:
-//! see [`Semantics`] and the README's "Schema registries".
+//! see [`Semantics`] and the book's "Schema registries" chapter.
 //!
 //! Exit codes: 0 when all is well; 1 when the schemas and the code disagree (an
 //! incompatible change, a missing or stale file) or, for `compat`, when the schemas are

@@ -1,6 +1,6 @@
-//! The README states every default of `OutboxConfig`, `RelayConfig` and `InboxConfig`,
-//! and states what the code does: each documented default is read back from the
-//! configuration's getters and written the way the README writes it.
+//! The book (`docs/src`) states every default of `OutboxConfig`, `RelayConfig` and
+//! `InboxConfig`, and states what the code does: each documented default is read back from
+//! the configuration's getters and written the way the book writes it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -22,7 +22,7 @@ fn count(n: u64) -> String {
     out
 }
 
-/// A duration as the README writes it: `0`, `500 ms`, `30 s`, `5 min`, `7 days`.
+/// A duration as the book writes it: `0`, `500 ms`, `30 s`, `5 min`, `7 days`.
 fn duration(d: Duration) -> String {
     let ms = d.as_millis();
     let s = d.as_secs();
@@ -47,11 +47,11 @@ fn bytes(n: usize) -> String {
     }
 }
 
-/// The rows of the README table whose header's first cell is `` `title` ``: setting to
+/// The rows of the book's table whose header's first cell is `` `title` ``: setting to
 /// its default cell.
 fn table(readme: &str, title: &str) -> BTreeMap<String, String> {
     let header = format!("| `{title}` | default |");
-    let start = readme.find(&header).unwrap_or_else(|| panic!("README has no table {header}"));
+    let start = readme.find(&header).unwrap_or_else(|| panic!("the book has no table {header}"));
     readme[start..]
         .lines()
         .skip(2)
@@ -70,23 +70,35 @@ fn check(readme: &str, title: &str, expected: &[(&str, String)]) {
     for (name, value) in expected {
         match documented.get(*name) {
             Some(stated) if stated == value => {}
-            Some(stated) => wrong.push(format!("{title} {name}: README says {stated:?}, the code {value:?}")),
-            None => wrong
-                .push(format!("{title} {name}: not in the README's table (the code's default: {value:?})")),
+            Some(stated) => {
+                wrong.push(format!("{title} {name}: the book says {stated:?}, the code {value:?}"))
+            }
+            None => {
+                wrong.push(format!("{title} {name}: not in the book's table (the code's default: {value:?})"))
+            }
         }
     }
-    assert!(wrong.is_empty(), "README and code disagree:\n  {}", wrong.join("\n  "));
+    assert!(wrong.is_empty(), "the book and the code disagree:\n  {}", wrong.join("\n  "));
 }
 
-fn readme() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).expect("README.md")
+/// Every chapter of the book, one after the other (the settings tables live in the
+/// chapters of the component they configure).
+fn book() -> String {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src");
+    let mut chapters: Vec<_> = std::fs::read_dir(dir)
+        .expect("docs/src")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    chapters.sort();
+    chapters.iter().map(|p| std::fs::read_to_string(p).expect("a chapter")).collect::<Vec<_>>().join("\n")
 }
 
 #[test]
 fn the_readme_states_the_outbox_defaults_the_code_has() {
     let c = OutboxConfig::default();
     check(
-        &readme(),
+        &book(),
         "OutboxConfig",
         &[
             ("schema", format!("`{}`", c.get_schema())),
@@ -108,7 +120,7 @@ fn the_readme_states_the_relay_defaults_the_code_has() {
     let (base, max) = c.get_backoff();
     let cleanup = c.get_cleanup().expect("cleanup is on by default");
     check(
-        &readme(),
+        &book(),
         "RelayConfig",
         &[
             ("batch_size", count(c.get_batch_size().into())),
@@ -141,7 +153,7 @@ fn the_readme_states_the_cdc_defaults_the_code_has() {
     let mib = c.get_max_buffered_bytes() >> 20;
     assert_eq!(mib << 20, c.get_max_buffered_bytes(), "a whole number of MiB");
     check(
-        &readme(),
+        &book(),
         "CdcConfig",
         &[
             ("slot", format!("`{}`", c.get_slot())),
@@ -158,7 +170,7 @@ fn the_readme_states_the_inbox_defaults_the_code_has() {
     let c = InboxConfig::new("c", "b:9092", ["t"]);
     let (base, max) = c.get_backoff();
     check(
-        &readme(),
+        &book(),
         "InboxConfig",
         &[
             ("schema` / `table", format!("`{}` / `{}`", c.get_schema(), c.get_table())),
@@ -181,7 +193,7 @@ fn the_readme_states_the_inbox_defaults_the_code_has() {
     );
 }
 
-/// The helpers write what the README writes, so a disagreement is the README's or the
+/// The helpers write what the book writes, so a disagreement is the book's or the
 /// code's, not this test's.
 #[test]
 fn the_renderings_match_the_readmes_style() {

@@ -1,11 +1,11 @@
-//! A user's project outside this workspace, as the README's "use it in your project"
-//! section sets it up: an events-only crate on the light features and its own three-line
+//! A user's project outside this workspace, as the book's getting started sets it up (the
+//! chapter's own workspace is built and run by `docs/tests/book.rs`): an events-only crate on the light features and its own three-line
 //! `cargo xtask`. Runs real `cargo` on it: generate, check, an incompatible edit, no events
 //! linked, pinned events, typegen, and `cargo tree` without librdkafka.
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 const EVENTS: &str = r#"use outbox_runtime::OutboxEvent;
 use schemars::JsonSchema;
@@ -180,143 +180,4 @@ fn a_project_of_its_own_generates_checks_and_refuses_with_the_three_line_xtask()
         // 31 and 55 when this was written; the runtime's build has about 180.
         assert!(deps.len() < 80, "{package} has {} dependencies:\n{tree}", deps.len());
     }
-}
-
-/// The README's "Use it in your project", executed: every block of it that names a file
-/// (```` ```toml file=events/Cargo.toml ````) is written into a fresh workspace outside
-/// this repository, `outbox-runtime`'s `version = "0.1"` becoming a path to this checkout,
-/// and every line of its ```` ```sh run ```` blocks is run there, in order: schemas,
-/// consumer types, the service's harness test against PostgreSQL and an embedded Kafka,
-/// and the CI checks.
-#[test]
-fn the_readme_workspace_builds_tests_and_checks_outside_this_repository() {
-    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let readme = fs::read_to_string(here.join("../README.md")).expect("README");
-    let section = readme
-        .split("### Use it in your project")
-        .nth(1)
-        .and_then(|rest| rest.split("\n## ").next())
-        .expect("the README has its 'Use it in your project' section");
-    let runtime = here.join("../outbox-runtime").canonicalize().expect("outbox-runtime");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let root = dir.path().join("shop");
-    let (files, commands) = blocks(section);
-    assert!(
-        files.len() >= 10,
-        "the section names its files: {:?}",
-        files.iter().map(|f| &f.0).collect::<Vec<_>>()
-    );
-    assert!(commands.len() >= 5, "and its commands: {commands:?}");
-    for (path, body) in &files {
-        let body = body.replace(
-            "outbox-runtime = { version = \"0.1\"",
-            &format!("outbox-runtime = {{ path = \"{}\"", runtime.display()),
-        );
-        write(&root.join(path), &body);
-    }
-    fs::copy(here.join("../Cargo.lock"), root.join("Cargo.lock")).expect("copy Cargo.lock");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| here.join("../target"))
-        // Not the other test's: both build a package `xtask`, and run it, in parallel.
-        .join("user-project-readme");
-    // Its own database: `outbox migrate` and `status` must start from nothing.
-    let database = tokio::runtime::Runtime::new()
-        .expect("runtime")
-        .block_on(outbox_tests::db::fresh_databases(["outbox_readme_workspace"]))
-        .expect("a fresh database")[0]
-        .clone();
-    let bin = dir.path().join("cargo-root");
-    let mut background = Vec::new();
-    for line in &commands {
-        let (command, comment) = line.split_once(" #").unwrap_or((line.as_str(), ""));
-        let command = command.trim();
-        let mut words: Vec<String> = command.split_whitespace().map(str::to_owned).collect();
-        let spawn = words.last().is_some_and(|w| w == "&");
-        if spawn {
-            words.pop();
-        }
-        // `exit N: TEXT ...` in the comment: that exit code, and TEXT in what it prints.
-        let (code, said) = match comment.trim().strip_prefix("exit ") {
-            Some(rest) => {
-                let (code, said) = rest.split_once(':').unwrap_or((rest, ""));
-                (code.trim().parse::<i32>().expect("exit code"), said.trim().trim_end_matches("...").trim())
-            }
-            None => (0, ""),
-        };
-        assert!(!words.is_empty(), "an empty command in the README: {line:?}");
-        if words.get(..2) == Some(&["cargo".to_owned(), "install".to_owned()][..]) {
-            // The published crate, stood in for by this checkout (debug: it is only run here).
-            assert_eq!(words[2], "outbox-runtime", "{command}");
-            words.splice(2..3, ["--path".to_owned(), runtime.display().to_string()]);
-            words.extend(["--debug", "--locked", "--root"].map(str::to_owned));
-            words.push(bin.display().to_string());
-        }
-        let program = match words[0].as_str() {
-            "cargo" => std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()),
-            "outbox" => bin.join("bin/outbox").display().to_string(),
-            other => panic!("the README's commands here are cargo's and outbox's: {other}"),
-        };
-        let mut child = Command::new(program);
-        child
-            .args(&words[1..])
-            .current_dir(&root)
-            .env("CARGO_TARGET_DIR", &target)
-            .env("CARGO_NET_OFFLINE", "true")
-            .env("DATABASE_URL", &database)
-            .env_remove("CARGO_MANIFEST_DIR")
-            .env_remove("RUSTFLAGS");
-        if spawn {
-            background.push((command.to_owned(), child.stdout(Stdio::piped()).spawn().expect("starts")));
-            continue;
-        }
-        let out = child.output().expect("runs");
-        eprintln!("readme workspace: `{command}`: {}", out.status);
-        assert_eq!(out.status.code(), Some(code), "`{command}` in the README's workspace:\n{}", text(&out));
-        assert!(text(&out).contains(said), "`{command}` says {said:?}:\n{}", text(&out));
-        if command.starts_with("cargo test") {
-            let said = text(&out);
-            assert!(said.contains("test an_issued_invoice_reaches_the_ledger_once ... ok"), "{said}");
-        }
-    }
-    // The background ones (the dev broker) came up, and stop on SIGTERM.
-    for (command, mut child) in background {
-        let addr = root.join("broker.addr");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while !addr.exists() && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        assert!(child.try_wait().expect("wait").is_none(), "`{command}` still runs");
-        let bootstrap = fs::read_to_string(&addr).expect("the broker wrote its address");
-        let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill");
-        assert!(killed.success());
-        let out = child.wait_with_output().expect("wait");
-        assert_eq!(out.status.code(), Some(0), "`{command}` stops on SIGTERM");
-        assert!(text(&out).contains(&format!("export KAFKA_BROKERS={bootstrap}")), "{}", text(&out));
-    }
-    assert!(root.join("schemas/invoice.issued/v1.json").is_file());
-    let types = fs::read_to_string(root.join("consumer/src/events.rs")).expect("generated types");
-    assert!(types.contains("pub struct InvoiceIssuedV1"), "{types}");
-}
-
-/// The blocks of `section` that name a file, and the lines of its `sh run` blocks (with
-/// their comments, which may say `exit N: what it prints`).
-fn blocks(section: &str) -> (Vec<(String, String)>, Vec<String>) {
-    let (mut files, mut commands) = (Vec::new(), Vec::new());
-    let mut lines = section.lines();
-    while let Some(line) = lines.next() {
-        let Some(info) = line.strip_prefix("```") else { continue };
-        let body: Vec<&str> = lines.by_ref().take_while(|l| !l.starts_with("```")).collect();
-        if let Some(path) = info.split_whitespace().find_map(|w| w.strip_prefix("file=")) {
-            files.push((path.to_owned(), body.join("\n") + "\n"));
-        } else if info.split_whitespace().eq(["sh", "run"]) {
-            for line in body {
-                let line = line.trim();
-                if !line.is_empty() && !line.starts_with('#') {
-                    commands.push(line.to_owned());
-                }
-            }
-        }
-    }
-    (files, commands)
 }

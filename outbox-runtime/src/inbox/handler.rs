@@ -216,7 +216,7 @@ impl Meta {
     /// delivered again. This key is the same on every delivery, replay and operator retry
     /// of the event to this consumer, and different for another consumer, so a receiver
     /// that honours it performs the effect once. For a receiver that does not, see the
-    /// README's "Effects outside the database": reconciliation and compensation remain.
+    /// book's "Effects outside the database": reconciliation and compensation remain.
     pub fn idempotency_key(&self) -> Uuid {
         let mut name = Vec::with_capacity(self.consumer.len() + 17);
         name.extend_from_slice(self.consumer.as_bytes());

@@ -3,7 +3,7 @@
 use super::*;
 
 /// A catch-all arm's error names the event and nothing of its payload (the README's
-/// `format!("{other:?}")` put a customer's e-mail address into parked reasons).
+/// old `format!("{other:?}")` put a customer's e-mail address into parked reasons).
 #[test]
 fn an_unhandled_event_is_named_by_type_version_and_id_only() {
     let meta = Meta {

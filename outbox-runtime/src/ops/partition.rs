@@ -20,8 +20,8 @@ impl Ops {
         is_partitioned(pool, self.outbox().names()).await
     }
 
-    /// Makes the outbox table partitioned by id range, online (see the README's
-    /// "Operating it"): appends, relays and operators' actions go on during the
+    /// Makes the outbox table partitioned by id range, online (see the book's
+    /// "Partitions" chapter): appends, relays and operators' actions go on during the
     /// conversion, but for one short transaction at its end that waits at most 5 s for its
     /// lock (an error then: run it again). Returns `false` when the table was partitioned
     /// already. Relays running during the conversion keep working; restart them to get

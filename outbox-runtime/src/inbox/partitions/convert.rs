@@ -23,7 +23,7 @@ use crate::inbox::InboxAdmin;
 
 impl InboxAdmin {
     /// Makes this inbox's dedup table partitioned by event id time, online (see the
-    /// README's "Operating it"): inserts go on during the conversion, but for one short
+    /// book's "Partitions" chapter): inserts go on during the conversion, but for one short
     /// transaction at its end that waits at most 5 s for its lock (an error then: run it
     /// again). Returns `false` when the table was partitioned already. Every consumer of
     /// the table must run this version of the library before: an older one cannot insert

@@ -277,7 +277,7 @@ impl FromStr for Semantics {
     }
 }
 
-/// Which schema-registry policy a verdict predicts (see the README's "Schema registries").
+/// Which schema-registry policy a verdict predicts (see the book's "Schema registries" chapter).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Policy {
@@ -435,7 +435,7 @@ fn registry_refusals(writer: &SchemaDoc, reader: &SchemaDoc, policy: Policy) -> 
                 path: d.path.clone(),
                 rule: Rule::RegistryRefuses,
                 reason: format!(
-                    "no value breaks the reader, but Confluent Schema Registry's {policy} policy refuses the change: its diff names {} at {} (see the README's \"Schema registries\")",
+                    "no value breaks the reader, but Confluent Schema Registry's {policy} policy refuses the change: its diff names {} at {} (see the book's \"Schema registries\" chapter)",
                     d.kind.name(),
                     d.path
                 ),
