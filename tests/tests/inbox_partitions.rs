@@ -395,7 +395,7 @@ async fn the_partitioned_table_keeps_the_owner_and_grants(pool: PgPool) {
     };
     for rows in [0, 10] {
         sqlx::raw_sql("DROP TABLE IF EXISTS inbox, inbox_parked, inbox_aggregates, inbox_audit, inbox_migrations, \
-                     inbox_consumers, inbox_partitioning CASCADE; DROP FUNCTION IF EXISTS inbox_bucket, inbox_hold_key")
+                     inbox_consumers, inbox_partitioning, inbox_progress CASCADE; DROP FUNCTION IF EXISTS inbox_bucket, inbox_hold_key")
             .execute(&pool)
             .await
             .expect("clean");

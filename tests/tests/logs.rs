@@ -156,4 +156,11 @@ async fn duplicates_say_so_and_the_run_counts_them(pool: PgPool) {
     let stopped = logs.lines().find(|l| l.contains("inbox stopped")).unwrap_or_else(|| panic!("{logs}"));
     assert!(stopped.contains("applied=1") && stopped.contains("duplicates=4"), "{stopped}");
     assert!(stopped.contains("ignored=0") && stopped.contains("parked=0"), "{stopped}");
+    // And in the database, where the console's consumer row reads it (before: nowhere but
+    // this process's counters): counted in the transactions that absorbed them.
+    let admin =
+        outbox_runtime::inbox::InboxAdmin::new(pool.clone(), "public", "inbox", "dedup-logs").expect("admin");
+    let summary = admin.summary(100).await.expect("summary");
+    assert_eq!(summary.duplicates, 4, "{summary:?}");
+    assert!(summary.last_duplicate_at.as_deref().is_some_and(|at| at.starts_with("20")), "{summary:?}");
 }

@@ -8,7 +8,7 @@ use super::{Inbox, InboxNames};
 impl Inbox {
     /// A migrator creating the inbox tables.
     pub fn migrator(&self) -> Migrator {
-        let InboxNames { inbox, parked, aggregates, audit, schema, table } = &self.names;
+        let InboxNames { inbox, parked, aggregates, audit, schema, table, progress } = &self.names;
         let v1 = format!(
             r#"
 -- One row per (consumer, event) applied: the dedup key, plus what diagnosing needs.
@@ -175,8 +175,33 @@ CREATE INDEX "{table}_parked_newest" ON {parked} (consumer, id) WHERE status = '
             AssertSqlSafe(v8).into_sql_str(),
             false,
         );
+        let v9 = format!(
+            r#"
+-- Per consumer, topic and Kafka partition: the deliveries absorbed as duplicates, counted in
+-- the transaction that absorbs them (one partition's worker writes its row: no contention
+-- between partitions), for the console's consumer row and InboxAdmin::summary.
+CREATE TABLE {progress} (
+    consumer          text NOT NULL,
+    topic             text NOT NULL,
+    kafka_partition   integer NOT NULL,
+    duplicates        bigint NOT NULL DEFAULT 0,
+    last_duplicate_at timestamptz,
+    PRIMARY KEY (consumer, topic, kafka_partition)
+);
+{access};
+"#,
+            access = crate::table::access_sql(inbox, progress),
+        );
+        let migration9 = Migration::new(
+            9,
+            "duplicates per consumer and partition".into(),
+            MigrationType::Simple,
+            AssertSqlSafe(v9).into_sql_str(),
+            false,
+        );
         let mut migrator = Migrator::with_migrations(vec![
             migration, migration2, migration3, migration4, migration5, migration6, migration7, migration8,
+            migration9,
         ]);
         migrator.create_schema(schema.clone());
         migrator.dangerous_set_table_name(format!("\"{schema}\".\"{table}_migrations\""));

@@ -13,6 +13,8 @@ pub(crate) struct InboxNames {
     pub(crate) aggregates: String,
     /// Operators' actions by filter.
     pub(crate) audit: String,
+    /// Per consumer, topic and Kafka partition: deliveries absorbed as duplicates.
+    pub(crate) progress: String,
 }
 
 impl InboxNames {
@@ -27,13 +29,14 @@ impl InboxNames {
             parked: q("_parked"),
             aggregates: q("_aggregates"),
             audit: q("_audit"),
+            progress: q("_progress"),
         })
     }
 
     /// The inbox's error for a missing table of its own: [`Error::InboxNotMigrated`]
     /// naming it; any other error as it is.
     pub(crate) fn not_migrated(&self, error: Error) -> Error {
-        let suffixes = ["", "_parked", "_aggregates", "_audit", "_consumers", "_partitioning"];
+        let suffixes = ["", "_parked", "_aggregates", "_audit", "_consumers", "_partitioning", "_progress"];
         match crate::table::missing_table(&error, &self.schema, &self.table, &suffixes) {
             Some(table) => Error::InboxNotMigrated { table },
             None => error,

@@ -1,4 +1,5 @@
-//! The overview's inbox consumers: version gaps from the aggregates table (capped), and the
+//! The overview's inbox consumers: version gaps from the aggregates table (capped), the
+//! duplicates absorbed (summed over partitions), and the
 //! lag their groups have on the brokers (committed offsets against the partitions' ends),
 //! read in the background so that no page waits for a broker.
 
@@ -66,9 +67,19 @@ async fn the_overview_shows_each_consumers_lag_and_version_gaps(pool: PgPool) {
     seed(&pool).await;
     billing_inbox(&pool).await;
     aggregates_with_gaps(&pool).await;
+    // billing absorbed 3 duplicates on one partition and 2 on another; shipping none.
+    sqlx::query(
+        "INSERT INTO inbox_progress (consumer, topic, kafka_partition, duplicates, last_duplicate_at) \
+         VALUES ('billing', 'orders', 0, 3, '2026-12-07 10:00:00+00'), ('billing', 'orders', 1, 2, '2026-12-07 11:00:00+00')",
+    )
+    .execute(&pool)
+    .await
+    .expect("duplicates");
     let billing = InboxAdmin::new(pool.clone(), "public", "inbox", "billing").expect("admin");
     let all = billing.summary(100).await.expect("summary");
     assert_eq!((all.version_gaps, all.at_least), (3, false), "{all:?}");
+    assert_eq!(all.duplicates, 5, "{all:?}");
+    assert_eq!(all.last_duplicate_at.as_deref(), Some("2026-12-07T11:00:00.000000Z"), "{all:?}");
     let capped = billing.summary(2).await.expect("summary");
     assert_eq!((capped.version_gaps, capped.at_least), (2, true), "{capped:?}");
 
@@ -109,9 +120,14 @@ async fn the_overview_shows_each_consumers_lag_and_version_gaps(pool: PgPool) {
     assert_eq!(row("billing")["lag"]["partitions"], 3, "{overview}");
     assert_eq!(row("billing")["version_gaps"], 3, "{overview}");
     assert_eq!(row("shipping")["version_gaps"], 1, "{overview}");
+    assert_eq!(
+        (row("billing")["duplicates"].clone(), row("shipping")["duplicates"].clone()),
+        (5.into(), 0.into())
+    );
     assert_eq!(row("shipping")["lag"]["partitions"], 0, "{overview}");
     let page = get(addr, "/").await.body;
     assert!(page.contains("Version gaps") && page.contains("no commits"), "{page}");
+    assert!(page.contains("Duplicates") && page.contains("last at 2026-12-07T11:00:00"), "{page}");
     stop.cancel();
 
     // Without brokers the page says where the lag would come from.

@@ -189,6 +189,11 @@ pub struct ConsumerSummary {
     pub at_least: bool,
     /// When it last applied a record (RFC 3339, UTC).
     pub last_applied_at: Option<String>,
+    /// Deliveries absorbed as duplicates (the event was recorded before; its handler did not
+    /// run), over every topic and partition, since the inbox's tables were created.
+    pub duplicates: i64,
+    /// When the last duplicate was absorbed (RFC 3339, UTC).
+    pub last_duplicate_at: Option<String>,
 }
 
 /// The columns of a [`ParkedSummary`] from a parked table aliased `p`.
@@ -295,15 +300,20 @@ impl InboxAdmin {
                     (SELECT count(*) FROM (SELECT 1 FROM {parked} WHERE consumer = $1 AND status IN ('parked', 'held') \
                        AND retry_requested_at IS NOT NULL LIMIT $2 + 1) c), \
                     (SELECT {last} FROM (SELECT max(applied_at) AS at FROM {inbox} WHERE consumer = $1) m), \
-                    (SELECT count(*) FROM (SELECT 1 FROM {aggregates} WHERE consumer = $1 AND gaps > 0 LIMIT $2 + 1) c)",
+                    (SELECT count(*) FROM (SELECT 1 FROM {aggregates} WHERE consumer = $1 AND gaps > 0 LIMIT $2 + 1) c), \
+                    (SELECT coalesce(sum(duplicates), 0)::bigint FROM {progress} WHERE consumer = $1), \
+                    (SELECT {last_duplicate} FROM (SELECT max(last_duplicate_at) AS at FROM {progress} WHERE consumer = $1) d)",
             parked_n = counted("parked"),
             held_n = counted("held"),
             last = rfc3339("m.at"),
             inbox = self.names.inbox,
             aggregates = self.names.aggregates,
+            progress = self.names.progress,
+            last_duplicate = rfc3339("d.at"),
         );
         let cap = i64::from(cap.max(1));
-        let (parked, held, requested, last, gaps): (i64, i64, i64, Option<String>, i64) =
+        type Row = (i64, i64, i64, Option<String>, i64, i64, Option<String>);
+        let (parked, held, requested, last, gaps, duplicates, last_duplicate): Row =
             sqlx::query_as(AssertSqlSafe(sql))
                 .bind(&self.consumer)
                 .bind(cap)
@@ -318,6 +328,8 @@ impl InboxAdmin {
             version_gaps: gaps.min(cap),
             at_least: parked > cap || held > cap || requested > cap || gaps > cap,
             last_applied_at: last,
+            duplicates,
+            last_duplicate_at: last_duplicate,
         })
     }
 

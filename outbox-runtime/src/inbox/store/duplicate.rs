@@ -1,6 +1,7 @@
-//! What a duplicate says: its span, and a debug line naming the event and how and when its
-//! first delivery was recorded (read only while debug lines are on: nothing is paid for it
-//! otherwise).
+//! What a duplicate says: its span, its count in `<table>_progress` (in the transaction that
+//! absorbs it, so a rolled-back batch counts nothing), and a debug line naming the event and
+//! how and when its first delivery was recorded (read only while debug lines are on: nothing
+//! is paid for it otherwise).
 
 use sqlx::{AssertSqlSafe, PgConnection};
 
@@ -15,6 +16,18 @@ impl Store {
     /// A delivery of an event this consumer recorded before, absorbed in `tx`.
     pub(super) async fn absorbed(&self, tx: &mut PgConnection, msg: &Incoming, meta: &Meta) -> Result<()> {
         spans::duplicate(&self.consumer, msg, meta);
+        let progress = &self.names.progress;
+        let count = format!(
+            "INSERT INTO {progress} (consumer, topic, kafka_partition, duplicates, last_duplicate_at) \
+             VALUES ($1, $2, $3, 1, now()) ON CONFLICT (consumer, topic, kafka_partition) \
+             DO UPDATE SET duplicates = {progress}.duplicates + 1, last_duplicate_at = now()"
+        );
+        sqlx::query(AssertSqlSafe(count))
+            .bind(&self.consumer)
+            .bind(&msg.topic)
+            .bind(msg.partition)
+            .execute(&mut *tx)
+            .await?;
         if !tracing::enabled!(tracing::Level::DEBUG) {
             return Ok(());
         }
