@@ -190,8 +190,9 @@ fn getting_started_builds_tests_and_checks_a_workspace_outside_this_repository()
         if words.get(..2) == Some(&["cargo".to_owned(), "install".to_owned()][..]) {
             // The published crate, stood in for by this checkout (debug: it is only run here).
             assert_eq!(words[2], "outbox-runtime", "{command}");
+            assert!(words.iter().any(|w| w == "--locked"), "installs what Cargo.lock names: {command}");
             words.splice(2..3, ["--path".to_owned(), runtime.display().to_string()]);
-            words.extend(["--debug", "--locked", "--root"].map(str::to_owned));
+            words.extend(["--debug", "--root"].map(str::to_owned));
             words.push(bin.display().to_string());
         }
         let program = match words[0].as_str() {
